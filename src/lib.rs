@@ -1,0 +1,23 @@
+//! ccfleet: a Rust runtime that lets a service join a ClusterCockpit-style fleet.
+//!
+//! - [`lineproto`]: a zero-copy InfluxDB line-protocol decoder and encoder, byte-compatible
+//!   with the Go reference (`github.com/influxdata/line-protocol/v2`).
+//! - [`wire`]: the fleet's messages (service types, registration bodies, heartbeats and
+//!   discovery rosters) as cc-lib's Go `fleet` package defines them.
+//! - `client` (feature `client`): registers with cc-backend, pulls configuration, heartbeats,
+//!   receives rosters and deregisters.
+//! - `server` (feature `server`): a cc-backend-compatible fleet service.
+//! - `discovery` (feature `discovery`): one `Discoverer` over Nomad, Kubernetes, DNS, static,
+//!   local, remote and fleet rosters.
+#![warn(missing_docs)]
+
+pub mod duration;
+pub mod lineproto;
+pub mod wire;
+
+#[cfg(feature = "client")]
+pub mod client;
+#[cfg(feature = "discovery")]
+pub mod discovery;
+#[cfg(feature = "server")]
+pub mod server;

