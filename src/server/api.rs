@@ -1,0 +1,418 @@
+//! The HTTP surface: cc-backend's `/api/fleet/*` routes, `/healthz` and `/metrics`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use serde::Deserialize;
+
+use super::allowlist::Allowlist;
+use super::auth::{self, Verifier};
+use super::configtree::ConfigTree;
+use super::metrics::Metrics;
+use super::registry::{Registration, Registry};
+use super::roster::RosterNotify;
+use crate::wire::{
+    HEADER_CONFIG_REVISION, RegisterResponse, Scope, ServiceType, is_instance_id,
+    safe_path_component,
+};
+
+/// Request bodies larger than this answer 413.
+pub const BODY_LIMIT: usize = 1 << 20;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub registry: Registry,
+    pub tree: Option<Arc<ConfigTree>>,
+    pub verifier: Option<Verifier>,
+    pub allowlist: Arc<Allowlist>,
+    pub metrics: Arc<Metrics>,
+    pub roster: RosterNotify,
+}
+
+/// Builds the router.
+pub(crate) fn router(state: AppState) -> Router {
+    let fleet = Router::new()
+        .route("/api/fleet/register/cluster/", post(register_cluster))
+        .route("/api/fleet/register/infra/", post(register_infra))
+        .route("/api/fleet/heartbeat/{id}", post(heartbeat))
+        .route("/api/fleet/config/{id}", get(config))
+        .route("/api/fleet/deregister/{id}", delete(deregister))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+    Router::new()
+        .merge(fleet)
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+/// Go's `http.StatusText`, which cc-backend puts into error bodies.
+fn status_text(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        413 => "Request Entity Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => status.canonical_reason().unwrap_or(""),
+    }
+}
+
+/// cc-backend's `ErrorResponse`, written by `json.NewEncoder` (with a trailing newline).
+fn error_with_status(status: StatusCode, status_field: &str, message: &str) -> Response {
+    let mut body = serde_json::to_vec(&serde_json::json!({
+        "status": status_field,
+        "error": message,
+    }))
+    .expect("error body serializes");
+    body.push(b'\n');
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    error_with_status(status, status_text(status), message)
+}
+
+fn internal(context: &str, e: impl std::fmt::Display) -> Response {
+    tracing::error!("fleet: {context}: {e}");
+    error(StatusCode::INTERNAL_SERVER_ERROR, "internal server error")
+}
+
+async fn not_found() -> Response {
+    error_with_status(
+        StatusCode::NOT_FOUND,
+        "Resource not found",
+        "the requested endpoint does not exist",
+    )
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let text = state.metrics.render(&state.registry.counts());
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// IP allowlist, then token and role, as cc-backend's `AuthAPI`; every failure is 401.
+async fn authorize(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    // cc-backend's CSRF guard: browsers must not drive state changes cross-site.
+    if request.method() != Method::GET
+        && request
+            .headers()
+            .get("sec-fetch-site")
+            .is_some_and(|v| v.as_bytes() == b"cross-site")
+    {
+        return error(StatusCode::FORBIDDEN, "cross-site request rejected");
+    }
+    let unauthorized = |e: auth::AuthError| {
+        tracing::debug!("fleet: rejected API request from {peer}: {e}");
+        error(StatusCode::UNAUTHORIZED, &e.to_string())
+    };
+    if !state.allowlist.allows(request.headers(), peer) {
+        return unauthorized(auth::AuthError::IpNotAllowed);
+    }
+    if let Some(verifier) = &state.verifier {
+        let Some(token) = auth::token_from_headers(request.headers()) else {
+            return unauthorized(auth::AuthError::MissingToken);
+        };
+        match verifier.verify(token) {
+            Ok(claims) if auth::roles_grant_api(&claims.roles) => {}
+            Ok(_) => return unauthorized(auth::AuthError::MissingRole),
+            Err(e) => return unauthorized(e),
+        }
+    }
+    next.run(request).await
+}
+
+/// The registration body as cc-backend decodes it: a Go struct of strings, so type and
+/// emptiness are checked afterwards with cc-backend's messages.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegisterBody {
+    #[serde(default)]
+    cluster: Option<String>,
+    #[serde(default)]
+    hostname: Option<String>,
+    #[serde(default, rename = "serviceType")]
+    service_type: Option<String>,
+    #[serde(default, rename = "metaData")]
+    meta_data: Option<BTreeMap<String, String>>,
+}
+
+async fn register_cluster(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    register(state, Scope::Cluster, body).await
+}
+
+async fn register_infra(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    register(state, Scope::Infra, body).await
+}
+
+fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Response> {
+    body.map_err(|rejection| {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            error(status, &format!("request body exceeds {BODY_LIMIT} bytes"))
+        } else {
+            error(StatusCode::BAD_REQUEST, "cannot read request body")
+        }
+    })
+}
+
+fn validate(scope: Scope, body: RegisterBody) -> Result<Registration, String> {
+    let cluster = body.cluster.unwrap_or_default();
+    let hostname = body.hostname.unwrap_or_default();
+    let service_type = body.service_type.unwrap_or_default();
+    match scope {
+        Scope::Cluster if cluster.is_empty() => return Err("cluster is required".into()),
+        Scope::Infra if !cluster.is_empty() => {
+            return Err("cluster must be empty for infra registration".into());
+        }
+        _ => {}
+    }
+    if hostname.is_empty() {
+        return Err("hostname is required".into());
+    }
+    let Ok(service_type) = service_type.parse::<ServiceType>() else {
+        return Err(format!("unknown serviceType {service_type:?}"));
+    };
+    if !safe_path_component(&hostname) {
+        return Err(format!(
+            "invalid hostname {hostname:?}: must not be '.' or contain '..', '/' or '\\'"
+        ));
+    }
+    if scope == Scope::Cluster && !safe_path_component(&cluster) {
+        return Err(format!(
+            "invalid cluster {cluster:?}: must not be '.' or contain '..', '/' or '\\'"
+        ));
+    }
+    Ok(Registration {
+        scope,
+        cluster,
+        hostname,
+        service_type,
+        meta: body.meta_data.unwrap_or_default(),
+    })
+}
+
+async fn register(state: AppState, scope: Scope, body: Result<Bytes, BytesRejection>) -> Response {
+    let body = match body_or_error(body) {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    // Like Go's json.Decoder, only the first JSON value of the body counts.
+    let parsed = serde_json::Deserializer::from_slice(&body)
+        .into_iter::<RegisterBody>()
+        .next();
+    let request = match parsed {
+        Some(Ok(request)) => request,
+        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+        None => return error(StatusCode::BAD_REQUEST, "empty request body"),
+    };
+    let registration = match validate(scope, request) {
+        Ok(r) => r,
+        Err(message) => return error(StatusCode::BAD_REQUEST, &message),
+    };
+    let label = match scope {
+        Scope::Cluster => format!(
+            "{}/{}/{}",
+            registration.cluster,
+            registration.service_type.code(),
+            registration.hostname
+        ),
+        Scope::Infra => format!(
+            "infra {}/{}",
+            registration.service_type.code(),
+            registration.hostname
+        ),
+    };
+    match state.registry.register(registration).await {
+        Ok(registered) => {
+            tracing::info!("fleet: registered {label}");
+            state.roster.notify();
+            let mut body = serde_json::to_vec(&RegisterResponse {
+                instance_id: registered.instance_id,
+                config_revision: registered.config_revision,
+            })
+            .expect("response serializes");
+            body.push(b'\n');
+            (
+                StatusCode::CREATED,
+                [(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                )],
+                body,
+            )
+                .into_response()
+        }
+        Err(e) => internal("registering a service", e),
+    }
+}
+
+fn check_id(id: &str) -> Result<(), Response> {
+    if is_instance_id(id) {
+        Ok(())
+    } else {
+        Err(error(StatusCode::BAD_REQUEST, "malformed instance id"))
+    }
+}
+
+fn unknown_instance() -> Response {
+    error(StatusCode::NOT_FOUND, "unknown or deregistered instance id")
+}
+
+async fn heartbeat(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    if let Err(response) = check_id(&id) {
+        return response;
+    }
+    match state.registry.heartbeat(&id).await {
+        Ok(None) => unknown_instance(),
+        Ok(Some(activated)) => {
+            Metrics::add(&state.metrics.rest_heartbeats, 1);
+            if activated {
+                state.roster.notify();
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => internal("applying a heartbeat", e),
+    }
+}
+
+/// cc-backend's `etagMatches`: a comma-separated list, `*` matches anything, `W/` and
+/// quotes are ignored.
+fn etag_matches(if_none_match: &str, revision: &str) -> bool {
+    if_none_match.split(',').map(str::trim).any(|tag| {
+        if tag == "*" {
+            return true;
+        }
+        let tag = tag.strip_prefix("W/").unwrap_or(tag);
+        tag.trim_matches('"') == revision
+    })
+}
+
+async fn config(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(response) = check_id(&id) {
+        return response;
+    }
+    let Some(service) = state
+        .registry
+        .lookup(&id)
+        .filter(|s| s.state != super::registry::State::Deregistered)
+    else {
+        return unknown_instance();
+    };
+    let resolved = state.tree.as_ref().and_then(|tree| {
+        tree.resolve(
+            service.scope,
+            &service.cluster,
+            service.service_type,
+            &service.hostname,
+        )
+    });
+    let Some(resolved) = resolved else {
+        return StatusCode::NO_CONTENT.into_response();
+    };
+    let revision = resolved.revision.to_string();
+    // cc-backend acknowledges before the conditional check: a 304 is a successful pull too.
+    if resolved.revision != service.config_revision
+        && let Err(e) = state.registry.acknowledge(&id, resolved.revision).await
+    {
+        return internal("acknowledging a config revision", e);
+    }
+    let etag = HeaderValue::from_str(&format!("\"{revision}\"")).expect("digits are valid");
+    let rev_header = HeaderValue::from_str(&revision).expect("digits are valid");
+    let not_modified = headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| etag_matches(v, &revision));
+    let mut response = if not_modified {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        let mut r = Response::new(Body::from(resolved.blob.clone()));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
+    };
+    response.headers_mut().insert(header::ETAG, etag);
+    response
+        .headers_mut()
+        .insert(HEADER_CONFIG_REVISION, rev_header);
+    response
+}
+
+async fn deregister(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    if let Err(response) = check_id(&id) {
+        return response;
+    }
+    match state.registry.deregister(&id).await {
+        Ok(changed) => {
+            if changed {
+                tracing::info!("fleet: deregistered an instance");
+                state.roster.notify();
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => internal("deregistering a service", e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etags() {
+        assert!(etag_matches("\"12\"", "12"));
+        assert!(etag_matches("W/\"12\"", "12"));
+        assert!(etag_matches("\"1\", \"12\"", "12"));
+        assert!(etag_matches("*", "12"));
+        assert!(etag_matches("12", "12"));
+        assert!(!etag_matches("\"123\"", "12"));
+        assert!(!etag_matches("", "12"));
+    }
+}

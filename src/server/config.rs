@@ -1,0 +1,288 @@
+//! The server's JSON configuration file (`ccfleet server --config FILE`).
+//!
+//! The top level carries the HTTP and security settings cc-backend keeps in `main`, the
+//! `nats` object is cc-lib's NATS client config, and `fleet` takes cc-backend's
+//! `main.fleet` keys with the same defaults.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::error::ServerError;
+
+/// Default HTTP listen address.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";
+/// Default age after which an `active` instance without heartbeats becomes `stale`.
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(90);
+/// Default period of the stale sweep.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+/// Default period of the config tree rescan.
+pub const DEFAULT_CONFIG_RELOAD_INTERVAL: Duration = Duration::from_secs(60);
+/// Default number of heartbeat decoder tasks.
+pub const DEFAULT_HEARTBEAT_CONCURRENCY: usize = 2;
+/// Default period of the full roster re-publish.
+pub const DEFAULT_DISCOVERY_INTERVAL: Duration = Duration::from_secs(60);
+/// Default delay that coalesces roster re-publishes after registry changes.
+pub const DEFAULT_DISCOVERY_DEBOUNCE: Duration = Duration::from_secs(2);
+
+/// The whole server configuration.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// HTTP listen address (`host:port`; port 0 picks a free port).
+    pub addr: String,
+    /// SQLite file of the registry; `None` keeps the registry in memory (lost on restart).
+    pub db: Option<PathBuf>,
+    /// Client addresses allowed to use `/api/`: exact strings, `*`, or CIDR ranges.
+    /// Empty allows every address.
+    pub api_allowed_ips: Vec<String>,
+    /// Accept API requests without a token.
+    pub disable_authentication: bool,
+    /// Base64 Ed25519 public key for token checks; the `JWT_PUBLIC_KEY` environment
+    /// variable is used when this is unset.
+    pub jwt_public_key: Option<String>,
+    /// NATS connection; without it the server runs REST-only.
+    pub nats: Option<NatsConfig>,
+    /// The fleet service settings.
+    pub fleet: FleetConfig,
+}
+
+/// cc-lib's NATS client settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct NatsConfig {
+    /// Server URL, e.g. `nats://localhost:4222`.
+    pub address: String,
+    /// User name (used together with `password`).
+    #[serde(default)]
+    pub username: String,
+    /// Password (used together with `username`).
+    #[serde(default)]
+    pub password: String,
+    /// Path of a `.creds` file.
+    #[serde(default)]
+    pub creds_file_path: String,
+    /// Path of a file holding an nkey seed.
+    #[serde(default)]
+    pub nkey_seed_file: String,
+}
+
+/// cc-backend's `main.fleet` settings, with its defaults.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// Root of the config tree; `None` means every config pull answers 204.
+    pub config_dir: Option<PathBuf>,
+    /// Heartbeat age after which an `active` instance becomes `stale`.
+    pub stale_after: Duration,
+    /// Period of the stale sweep.
+    pub sweep_interval: Duration,
+    /// Period of the config tree rescan.
+    pub config_reload_interval: Duration,
+    /// NATS subject of heartbeats; `None` disables the NATS consumer.
+    pub heartbeat_subject: Option<String>,
+    /// Number of heartbeat decoder tasks.
+    pub heartbeat_concurrency: usize,
+    /// Prefix of roster subjects.
+    pub discovery_subject_prefix: String,
+    /// Period of the full roster re-publish.
+    pub discovery_interval: Duration,
+    /// Delay that coalesces roster re-publishes after registry changes (ccfleet extension;
+    /// cc-backend hard-codes two seconds).
+    pub discovery_debounce: Duration,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig {
+            config_dir: None,
+            stale_after: DEFAULT_STALE_AFTER,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            config_reload_interval: DEFAULT_CONFIG_RELOAD_INTERVAL,
+            heartbeat_subject: None,
+            heartbeat_concurrency: DEFAULT_HEARTBEAT_CONCURRENCY,
+            discovery_subject_prefix: crate::wire::DEFAULT_DISCOVERY_PREFIX.to_owned(),
+            discovery_interval: DEFAULT_DISCOVERY_INTERVAL,
+            discovery_debounce: DEFAULT_DISCOVERY_DEBOUNCE,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawConfig {
+    addr: Option<String>,
+    db: Option<PathBuf>,
+    #[serde(default)]
+    api_allowed_ips: Vec<String>,
+    #[serde(default)]
+    disable_authentication: bool,
+    jwt_public_key: Option<String>,
+    nats: Option<NatsConfig>,
+    #[serde(default)]
+    fleet: RawFleet,
+}
+
+// Durations stay strings here: cc-backend logs a malformed one and falls back to the
+// default instead of refusing to start, and so do we.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawFleet {
+    config_dir: Option<PathBuf>,
+    stale_after: Option<String>,
+    sweep_interval: Option<String>,
+    config_reload_interval: Option<String>,
+    heartbeat_subject: Option<String>,
+    heartbeat_concurrency: Option<i64>,
+    discovery_subject_prefix: Option<String>,
+    discovery_interval: Option<String>,
+    discovery_debounce: Option<String>,
+}
+
+fn duration_or_default(key: &str, raw: Option<&str>, default: Duration) -> Duration {
+    let Some(raw) = raw.filter(|s| !s.is_empty()) else {
+        return default;
+    };
+    match crate::duration::parse(raw) {
+        Ok(d) if !d.is_zero() => d,
+        Ok(_) => {
+            tracing::warn!(
+                "Config: fleet.{key}: cannot parse '{raw}', using {}: must be positive",
+                crate::duration::format(default)
+            );
+            default
+        }
+        Err(e) => {
+            tracing::warn!(
+                "Config: fleet.{key}: cannot parse '{raw}', using {}: {e}",
+                crate::duration::format(default)
+            );
+            default
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Parses the JSON configuration file text.
+    ///
+    /// Unknown keys are errors; malformed or non-positive durations are logged and replaced
+    /// by their defaults, as cc-backend does.
+    pub fn from_json(text: &str) -> Result<ServerConfig, ServerError> {
+        let raw: RawConfig = serde_json::from_str(text).map_err(ServerError::ConfigSyntax)?;
+        let f = raw.fleet;
+        let heartbeat_concurrency = match f.heartbeat_concurrency {
+            None => DEFAULT_HEARTBEAT_CONCURRENCY,
+            Some(n) if n > 0 => usize::try_from(n).unwrap_or(DEFAULT_HEARTBEAT_CONCURRENCY),
+            Some(n) => {
+                tracing::warn!(
+                    "Config: fleet.heartbeat-concurrency: {n} is not positive, using {DEFAULT_HEARTBEAT_CONCURRENCY}"
+                );
+                DEFAULT_HEARTBEAT_CONCURRENCY
+            }
+        };
+        let fleet = FleetConfig {
+            config_dir: f.config_dir.filter(|p| !p.as_os_str().is_empty()),
+            stale_after: duration_or_default(
+                "stale-after",
+                f.stale_after.as_deref(),
+                DEFAULT_STALE_AFTER,
+            ),
+            sweep_interval: duration_or_default(
+                "sweep-interval",
+                f.sweep_interval.as_deref(),
+                DEFAULT_SWEEP_INTERVAL,
+            ),
+            config_reload_interval: duration_or_default(
+                "config-reload-interval",
+                f.config_reload_interval.as_deref(),
+                DEFAULT_CONFIG_RELOAD_INTERVAL,
+            ),
+            heartbeat_subject: f.heartbeat_subject.filter(|s| !s.is_empty()),
+            heartbeat_concurrency,
+            discovery_subject_prefix: f
+                .discovery_subject_prefix
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| crate::wire::DEFAULT_DISCOVERY_PREFIX.to_owned()),
+            discovery_interval: duration_or_default(
+                "discovery-interval",
+                f.discovery_interval.as_deref(),
+                DEFAULT_DISCOVERY_INTERVAL,
+            ),
+            discovery_debounce: duration_or_default(
+                "discovery-debounce",
+                f.discovery_debounce.as_deref(),
+                DEFAULT_DISCOVERY_DEBOUNCE,
+            ),
+        };
+        if let Some(nats) = &raw.nats
+            && nats.address.is_empty()
+        {
+            return Err(ServerError::InvalidConfig("nats.address is required"));
+        }
+        Ok(ServerConfig {
+            addr: raw
+                .addr
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| DEFAULT_ADDR.to_owned()),
+            db: raw.db.filter(|p| !p.as_os_str().is_empty()),
+            api_allowed_ips: raw.api_allowed_ips,
+            disable_authentication: raw.disable_authentication,
+            jwt_public_key: raw.jwt_public_key.filter(|s| !s.is_empty()),
+            nats: raw.nats,
+            fleet,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_cc_backend() {
+        let c = ServerConfig::from_json("{}").unwrap();
+        assert_eq!(c.addr, DEFAULT_ADDR);
+        assert!(c.db.is_none() && c.nats.is_none() && !c.disable_authentication);
+        assert_eq!(c.fleet.stale_after, Duration::from_secs(90));
+        assert_eq!(c.fleet.sweep_interval, Duration::from_secs(30));
+        assert_eq!(c.fleet.config_reload_interval, Duration::from_secs(60));
+        assert_eq!(c.fleet.discovery_interval, Duration::from_secs(60));
+        assert_eq!(c.fleet.discovery_debounce, Duration::from_secs(2));
+        assert_eq!(c.fleet.heartbeat_concurrency, 2);
+        assert_eq!(c.fleet.discovery_subject_prefix, "cc.fleet.discovery");
+        assert!(c.fleet.heartbeat_subject.is_none());
+    }
+
+    #[test]
+    fn parses_every_key() {
+        let c = ServerConfig::from_json(
+            r#"{"addr":"127.0.0.1:0","db":"x.sqlite","api-allowed-ips":["10.0.0.0/8"],
+            "disable-authentication":true,"jwt-public-key":"k",
+            "nats":{"address":"nats://h:4222","username":"u","password":"p"},
+            "fleet":{"config-dir":"cfg","stale-after":"1m30s","sweep-interval":"10s",
+            "config-reload-interval":"5s","heartbeat-subject":"cc.fleet.event",
+            "heartbeat-concurrency":4,"discovery-subject-prefix":"site.disc",
+            "discovery-interval":"2m","discovery-debounce":"100ms"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.addr, "127.0.0.1:0");
+        assert_eq!(c.db.as_deref(), Some(std::path::Path::new("x.sqlite")));
+        assert_eq!(c.api_allowed_ips, ["10.0.0.0/8"]);
+        assert_eq!(c.nats.unwrap().username, "u");
+        assert_eq!(c.fleet.stale_after, Duration::from_secs(90));
+        assert_eq!(c.fleet.heartbeat_concurrency, 4);
+        assert_eq!(c.fleet.discovery_debounce, Duration::from_millis(100));
+        assert_eq!(c.fleet.heartbeat_subject.as_deref(), Some("cc.fleet.event"));
+    }
+
+    #[test]
+    fn malformed_durations_fall_back_and_unknown_keys_fail() {
+        let c =
+            ServerConfig::from_json(r#"{"fleet":{"stale-after":"soon","sweep-interval":"0s"}}"#)
+                .unwrap();
+        assert_eq!(c.fleet.stale_after, DEFAULT_STALE_AFTER);
+        assert_eq!(c.fleet.sweep_interval, DEFAULT_SWEEP_INTERVAL);
+        assert!(ServerConfig::from_json(r#"{"bogus":1}"#).is_err());
+        assert!(ServerConfig::from_json(r#"{"fleet":{"bogus":1}}"#).is_err());
+        assert!(ServerConfig::from_json(r#"{"nats":{"address":""}}"#).is_err());
+    }
+}

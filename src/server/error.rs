@@ -1,0 +1,126 @@
+//! Error types of the fleet server.
+//!
+//! Messages name the problem; they never carry tokens, keys or instance ids.
+
+use std::path::PathBuf;
+
+/// Errors of starting, reconfiguring and stopping the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The configuration file is not valid JSON or has unknown or mistyped keys.
+    #[error("server config: {0}")]
+    ConfigSyntax(#[source] serde_json::Error),
+    /// The configuration is well-formed but not usable.
+    #[error("server config: {0}")]
+    InvalidConfig(&'static str),
+    /// An `api-allowed-ips` entry with a `/` that is not a CIDR range.
+    #[error("server config: api-allowed-ips entry {0:?} is not a valid CIDR range")]
+    InvalidAllowlist(String),
+    /// Neither `jwt-public-key` nor `JWT_PUBLIC_KEY` is set and authentication is enabled.
+    #[error(
+        "no JWT public key: set jwt-public-key or JWT_PUBLIC_KEY, or \"disable-authentication\": true"
+    )]
+    NoPublicKey,
+    /// The configured public key cannot be used.
+    #[error("JWT public key: {0}")]
+    Key(#[source] AuthError),
+    /// The config tree cannot be loaded at start-up.
+    #[error(transparent)]
+    ConfigTree(#[from] TreeError),
+    /// The registry database failed.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// The HTTP listener cannot be bound or failed.
+    #[error("http server on {addr}: {source}")]
+    Http {
+        /// The configured address.
+        addr: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The NATS connection cannot be set up.
+    #[error("nats: {0}")]
+    Nats(String),
+    /// A background task panicked.
+    #[error("server task failed: {0}")]
+    Task(String),
+}
+
+/// Errors of token and key handling.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// A key is not valid standard base64.
+    #[error("key is not valid base64")]
+    KeyEncoding,
+    /// A key has the wrong length or is not a valid Ed25519 key.
+    #[error("key is not a valid Ed25519 {0} key")]
+    InvalidKey(&'static str),
+    /// No token in `X-Auth-Token` or `Authorization: Bearer`.
+    #[error("missing token")]
+    MissingToken,
+    /// The token is not three base64url parts with JSON header and claims.
+    #[error("malformed token")]
+    MalformedToken,
+    /// The token uses an algorithm other than EdDSA.
+    #[error("only Ed25519/EdDSA supported")]
+    UnsupportedAlgorithm,
+    /// The signature does not verify against the public key.
+    #[error("token signature is invalid")]
+    BadSignature,
+    /// The token's `exp` has passed.
+    #[error("token is expired")]
+    Expired,
+    /// The token's `nbf` lies in the future.
+    #[error("token is not valid yet")]
+    NotYetValid,
+    /// The token's roles do not grant API access.
+    #[error("missing role: api")]
+    MissingRole,
+    /// The client address is not in `api-allowed-ips`.
+    #[error("unauthorized by IP")]
+    IpNotAllowed,
+}
+
+/// Errors of loading the config tree.
+#[derive(Debug, thiserror::Error)]
+pub enum TreeError {
+    /// A file or directory of the tree cannot be read.
+    #[error("fleet: reading config tree at {path}: {source}")]
+    Io {
+        /// The path that failed.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A layer is not a JSON object.
+    #[error("fleet: invalid config {path}: {source}")]
+    Invalid {
+        /// Path relative to the tree root.
+        path: String,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Files kept changing while the tree was scanned.
+    #[error("fleet: config tree kept changing while it was scanned")]
+    Unstable,
+    /// The scan task was cancelled or panicked.
+    #[error("fleet: config tree scan did not finish")]
+    Interrupted,
+}
+
+/// Errors of the SQLite registry.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// SQLite reported an error.
+    #[error("fleet registry: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The database holds a value the schema forbids.
+    #[error("fleet registry: corrupt row: {0}")]
+    Corrupt(&'static str),
+    /// The database task was cancelled or panicked.
+    #[error("fleet registry: database task did not finish")]
+    Interrupted,
+}

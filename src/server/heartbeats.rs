@@ -1,0 +1,277 @@
+//! The NATS heartbeat consumer: cc-backend's `nats_fleet.go` pipeline.
+//!
+//! ```text
+//! queue subscription ("cc-backend-fleet") -> reader -> N decoder tasks -> flusher -> registry
+//! ```
+//!
+//! Decoders classify every line exactly as cc-backend does (see
+//! [`crate::wire::scan_heartbeats`]) and stamp accepted heartbeats with the server clock.
+//! The flusher coalesces them per instance id (last wins) and applies them in one
+//! transaction each second or once 512 distinct ids are pending. Queues between the stages
+//! are bounded and apply back-pressure; when the consumer falls behind, async-nats drops
+//! messages at the subscription and reports them, which is counted as `dropped`.
+//! Subscriptions are re-established by async-nats after a reconnect, so the consumer
+//! outlives nats-server restarts.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::error::ServerError;
+use super::metrics::Metrics;
+use super::registry::{Registry, parse_instance_id, unix_seconds};
+use super::roster::RosterNotify;
+use super::stopped;
+use crate::wire::{HeartbeatLine, scan_heartbeats};
+
+/// The queue group shared by every fleet server, so several servers split the load.
+pub const QUEUE_GROUP: &str = "cc-backend-fleet";
+/// Pending heartbeats are flushed at least this often.
+pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// Pending heartbeats are flushed as soon as this many distinct ids wait.
+pub const MAX_BATCH: usize = 512;
+/// Period of the summary log lines.
+pub const REPORT_INTERVAL: Duration = Duration::from_secs(60);
+
+const DECODER_QUEUE: usize = 64;
+const FLUSH_QUEUE: usize = 64;
+
+/// Accepted heartbeats of one message, all received at `at` (Unix seconds).
+struct Beats {
+    ids: Vec<u128>,
+    at: i64,
+}
+
+/// Everything the consumer needs from the server.
+pub(crate) struct ConsumerContext {
+    pub registry: Registry,
+    pub metrics: Arc<Metrics>,
+    pub roster: RosterNotify,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// Subscribes and spawns the pipeline. The returned task ends after a shutdown signal
+/// once every received message has been decoded and every pending heartbeat flushed.
+pub(crate) async fn spawn(
+    client: &async_nats::Client,
+    subject: &str,
+    workers: usize,
+    ctx: ConsumerContext,
+) -> Result<JoinHandle<()>, ServerError> {
+    let subscriber = client
+        .queue_subscribe(subject.to_owned(), QUEUE_GROUP.to_owned())
+        .await
+        .map_err(|e| ServerError::Nats(format!("subscribing to the heartbeat subject: {e}")))?;
+    tracing::info!(
+        "NATS fleet heartbeat subscription started on subject {subject:?} (queue group {QUEUE_GROUP:?}) — \
+         restrict publish permissions on it: a heartbeat keeps any known instance active"
+    );
+
+    let (flush_tx, flush_rx) = mpsc::channel::<Beats>(FLUSH_QUEUE);
+    let mut decoder_txs = Vec::with_capacity(workers);
+    let mut decoders = Vec::with_capacity(workers);
+    for _ in 0..workers.max(1) {
+        let (tx, rx) = mpsc::channel::<async_nats::Message>(DECODER_QUEUE);
+        decoder_txs.push(tx);
+        decoders.push(tokio::spawn(decode_loop(
+            rx,
+            flush_tx.clone(),
+            ctx.metrics.clone(),
+        )));
+    }
+    drop(flush_tx);
+    let flusher = tokio::spawn(flush_loop(
+        flush_rx,
+        ctx.registry,
+        ctx.metrics.clone(),
+        ctx.roster,
+    ));
+    let reader = tokio::spawn(read_loop(
+        subscriber,
+        decoder_txs,
+        ctx.metrics,
+        ctx.shutdown,
+    ));
+    Ok(tokio::spawn(async move {
+        let _ = reader.await;
+        for decoder in decoders {
+            let _ = decoder.await;
+        }
+        let _ = flusher.await;
+    }))
+}
+
+async fn read_loop(
+    mut subscriber: async_nats::Subscriber,
+    decoders: Vec<mpsc::Sender<async_nats::Message>>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut next = 0usize;
+    let mut dispatch = async |message: async_nats::Message| {
+        Metrics::add(&metrics.heartbeat_messages, 1);
+        // Round robin keeps the decoders evenly loaded; awaiting the send makes a slow
+        // pipeline push back into the subscription buffer.
+        let target = &decoders[next % decoders.len()];
+        next = next.wrapping_add(1);
+        let _ = target.send(message).await;
+    };
+    loop {
+        tokio::select! {
+            _ = stopped(&mut shutdown) => break,
+            message = subscriber.next() => match message {
+                Some(message) => dispatch(message).await,
+                None => {
+                    tracing::error!("NATS fleet: heartbeat subscription closed");
+                    return;
+                }
+            },
+        }
+    }
+    // Graceful stop: no new deliveries, but what was already received is processed.
+    if let Err(e) = subscriber.unsubscribe().await {
+        tracing::warn!("NATS fleet: unsubscribing from heartbeats: {e}");
+    }
+    while let Some(message) = subscriber.next().await {
+        dispatch(message).await;
+    }
+}
+
+async fn decode_loop(
+    mut rx: mpsc::Receiver<async_nats::Message>,
+    flush: mpsc::Sender<Beats>,
+    metrics: Arc<Metrics>,
+) {
+    while let Some(message) = rx.recv().await {
+        let started = Instant::now();
+        let at = unix_seconds();
+        let mut ids = Vec::new();
+        let (mut malformed, mut rejected, mut ignored) = (0u64, 0u64, 0u64);
+        let result = scan_heartbeats(&message.payload, |line| match line {
+            HeartbeatLine::Accepted(id) => match parse_instance_id(id) {
+                Some(id) => ids.push(id),
+                // Well-formed heartbeats for ids that cannot exist: unknown, not rejected.
+                None => malformed += 1,
+            },
+            HeartbeatLine::Ignored(reason) => {
+                tracing::debug!("NATS fleet: skipping line: {reason:?}");
+                ignored += 1;
+            }
+            HeartbeatLine::Rejected(e) => {
+                tracing::debug!("NATS fleet: rejected heartbeat: {e}");
+                rejected += 1;
+            }
+        });
+        if let Err(e) = result {
+            // As in cc-backend, a decode error abandons the rest of the message.
+            tracing::debug!("NATS fleet: undecodable heartbeat message: {e}");
+            rejected += 1;
+        }
+        Metrics::add(
+            &metrics.decode_nanos,
+            u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        );
+        Metrics::add(&metrics.heartbeats_accepted, ids.len() as u64 + malformed);
+        Metrics::add(&metrics.heartbeats_unknown, malformed);
+        Metrics::add(&metrics.heartbeats_rejected, rejected);
+        Metrics::add(&metrics.heartbeats_ignored, ignored);
+        if !ids.is_empty() && flush.send(Beats { ids, at }).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn flush_loop(
+    mut rx: mpsc::Receiver<Beats>,
+    registry: Registry,
+    metrics: Arc<Metrics>,
+    roster: RosterNotify,
+) {
+    let mut pending: HashMap<u128, (i64, u64)> = HashMap::with_capacity(MAX_BATCH * 2);
+    let mut flush_tick = tokio::time::interval(FLUSH_INTERVAL);
+    flush_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut report_tick = tokio::time::interval(REPORT_INTERVAL);
+    report_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    report_tick.reset();
+    let mut reported = metrics.heartbeat_stats();
+    loop {
+        tokio::select! {
+            beats = rx.recv() => match beats {
+                Some(beats) => {
+                    for id in beats.ids {
+                        let slot = pending.entry(id).or_insert((beats.at, 0));
+                        slot.0 = slot.0.max(beats.at);
+                        slot.1 += 1;
+                    }
+                    if pending.len() >= MAX_BATCH {
+                        flush(&mut pending, &registry, &metrics, &roster).await;
+                    }
+                }
+                None => {
+                    flush(&mut pending, &registry, &metrics, &roster).await;
+                    return;
+                }
+            },
+            _ = flush_tick.tick() => flush(&mut pending, &registry, &metrics, &roster).await,
+            _ = report_tick.tick() => {
+                let now = metrics.heartbeat_stats();
+                let period = crate::duration::format(REPORT_INTERVAL);
+                let unknown = now.unknown - reported.unknown;
+                let rejected = now.rejected - reported.rejected;
+                let dropped = now.dropped - reported.dropped;
+                if unknown > 0 {
+                    tracing::warn!("NATS fleet: {unknown} heartbeat(s) for unknown or deregistered instance ids in the last {period}");
+                }
+                if rejected > 0 {
+                    tracing::warn!("NATS fleet: {rejected} rejected message(s) in the last {period}");
+                }
+                if dropped > 0 {
+                    tracing::warn!("NATS fleet: dropped {dropped} heartbeat message(s) in the last {period}: the consumer cannot keep up (raise heartbeat-concurrency or add servers to the queue group)");
+                }
+                reported = now;
+            }
+        }
+    }
+}
+
+async fn flush(
+    pending: &mut HashMap<u128, (i64, u64)>,
+    registry: &Registry,
+    metrics: &Metrics,
+    roster: &RosterNotify,
+) {
+    if pending.is_empty() {
+        return;
+    }
+    let mut beats = Vec::with_capacity(pending.len());
+    let mut counts = Vec::with_capacity(pending.len());
+    for (id, (at, count)) in pending.drain() {
+        beats.push((id, at));
+        counts.push(count);
+    }
+    match registry.heartbeat_batch(beats).await {
+        Ok(outcome) => {
+            let (mut applied, mut unknown) = (0, 0);
+            for (ok, count) in outcome.applied.iter().zip(counts) {
+                if *ok {
+                    applied += count;
+                } else {
+                    unknown += count;
+                }
+            }
+            Metrics::add(&metrics.heartbeats_applied, applied);
+            Metrics::add(&metrics.heartbeats_unknown, unknown);
+            if outcome.activated > 0 {
+                roster.notify();
+            }
+        }
+        Err(e) => {
+            let lost: u64 = counts.iter().sum();
+            tracing::error!("NATS fleet: applying {lost} heartbeat(s) failed: {e}");
+        }
+    }
+}

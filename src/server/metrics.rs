@@ -1,0 +1,177 @@
+//! Counters of the server and their Prometheus text exposition (`GET /metrics`).
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::registry::{State, StateCounts};
+
+/// Counters shared by the HTTP handlers, the heartbeat consumer and the roster publisher.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// NATS heartbeat messages received.
+    pub heartbeat_messages: AtomicU64,
+    /// Heartbeat lines accepted by the decoder.
+    pub heartbeats_accepted: AtomicU64,
+    /// Accepted heartbeats applied to a live instance.
+    pub heartbeats_applied: AtomicU64,
+    /// Heartbeat lines rejected (wrong function, bad payload, undecodable message).
+    pub heartbeats_rejected: AtomicU64,
+    /// Accepted heartbeats for unknown or deregistered instance ids.
+    pub heartbeats_unknown: AtomicU64,
+    /// Heartbeat messages dropped because the consumer was overloaded.
+    pub heartbeats_dropped: AtomicU64,
+    /// Lines skipped as not meant for the fleet (other measurements, non-events).
+    pub heartbeats_ignored: AtomicU64,
+    /// Nanoseconds spent decoding heartbeat messages.
+    pub decode_nanos: AtomicU64,
+    /// Heartbeats applied through `POST /api/fleet/heartbeat/{id}`.
+    pub rest_heartbeats: AtomicU64,
+    /// Rosters published.
+    pub roster_publishes: AtomicU64,
+    /// Rosters that could not be published.
+    pub roster_errors: AtomicU64,
+    /// Config tree generations loaded.
+    pub config_reloads: AtomicU64,
+    /// Config tree reloads that failed and kept the previous generation.
+    pub config_reload_errors: AtomicU64,
+}
+
+/// A consistent-enough copy of the heartbeat counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeartbeatStats {
+    /// NATS heartbeat messages received.
+    pub messages: u64,
+    /// Heartbeat lines accepted by the decoder.
+    pub accepted: u64,
+    /// Accepted heartbeats applied to a live instance.
+    pub applied: u64,
+    /// Lines rejected.
+    pub rejected: u64,
+    /// Accepted heartbeats for unknown or deregistered ids.
+    pub unknown: u64,
+    /// Messages dropped under overload.
+    pub dropped: u64,
+    /// Lines ignored as not fleet heartbeats.
+    pub ignored: u64,
+    /// Nanoseconds spent decoding.
+    pub decode_nanos: u64,
+}
+
+fn get(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+impl Metrics {
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        if n > 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The heartbeat counters.
+    pub fn heartbeat_stats(&self) -> HeartbeatStats {
+        HeartbeatStats {
+            messages: get(&self.heartbeat_messages),
+            accepted: get(&self.heartbeats_accepted),
+            applied: get(&self.heartbeats_applied),
+            rejected: get(&self.heartbeats_rejected),
+            unknown: get(&self.heartbeats_unknown),
+            dropped: get(&self.heartbeats_dropped),
+            ignored: get(&self.heartbeats_ignored),
+            decode_nanos: get(&self.decode_nanos),
+        }
+    }
+
+    /// Renders the Prometheus text format (version 0.0.4).
+    pub fn render(&self, states: &StateCounts) -> String {
+        let mut out = String::with_capacity(2048);
+        out.push_str(
+            "# HELP ccfleet_instances Registered fleet instances by state.\n\
+             # TYPE ccfleet_instances gauge\n",
+        );
+        for state in State::ALL {
+            let _ = writeln!(
+                out,
+                "ccfleet_instances{{state=\"{}\"}} {}",
+                state.as_str(),
+                states.get(state)
+            );
+        }
+        out.push_str(
+            "# HELP ccfleet_heartbeats_total Heartbeats by outcome (nats: accepted, applied, \
+             rejected, unknown, ignored; rest: applied over HTTP).\n\
+             # TYPE ccfleet_heartbeats_total counter\n",
+        );
+        for (source, result, counter) in [
+            ("nats", "accepted", &self.heartbeats_accepted),
+            ("nats", "applied", &self.heartbeats_applied),
+            ("nats", "rejected", &self.heartbeats_rejected),
+            ("nats", "unknown", &self.heartbeats_unknown),
+            ("nats", "ignored", &self.heartbeats_ignored),
+            ("rest", "applied", &self.rest_heartbeats),
+        ] {
+            let _ = writeln!(
+                out,
+                "ccfleet_heartbeats_total{{source=\"{source}\",result=\"{result}\"}} {}",
+                get(counter)
+            );
+        }
+        let decode_seconds = get(&self.decode_nanos) as f64 / 1e9;
+        let _ = write!(
+            out,
+            "# HELP ccfleet_heartbeat_messages_total NATS heartbeat messages received.\n\
+             # TYPE ccfleet_heartbeat_messages_total counter\n\
+             ccfleet_heartbeat_messages_total {}\n\
+             # HELP ccfleet_heartbeat_messages_dropped_total NATS heartbeat messages dropped under overload.\n\
+             # TYPE ccfleet_heartbeat_messages_dropped_total counter\n\
+             ccfleet_heartbeat_messages_dropped_total {}\n\
+             # HELP ccfleet_heartbeat_decode_seconds_total Time spent decoding heartbeat messages.\n\
+             # TYPE ccfleet_heartbeat_decode_seconds_total counter\n\
+             ccfleet_heartbeat_decode_seconds_total {decode_seconds}\n\
+             # HELP ccfleet_roster_publishes_total Discovery rosters published.\n\
+             # TYPE ccfleet_roster_publishes_total counter\n\
+             ccfleet_roster_publishes_total {}\n\
+             # HELP ccfleet_roster_publish_errors_total Discovery rosters that could not be published.\n\
+             # TYPE ccfleet_roster_publish_errors_total counter\n\
+             ccfleet_roster_publish_errors_total {}\n\
+             # HELP ccfleet_config_reloads_total Config tree generations loaded.\n\
+             # TYPE ccfleet_config_reloads_total counter\n\
+             ccfleet_config_reloads_total {}\n\
+             # HELP ccfleet_config_reload_errors_total Config tree reloads that kept the previous generation.\n\
+             # TYPE ccfleet_config_reload_errors_total counter\n\
+             ccfleet_config_reload_errors_total {}\n",
+            get(&self.heartbeat_messages),
+            get(&self.heartbeats_dropped),
+            get(&self.roster_publishes),
+            get(&self.roster_errors),
+            get(&self.config_reloads),
+            get(&self.config_reload_errors),
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters() {
+        let m = Metrics::default();
+        Metrics::add(&m.heartbeats_applied, 5);
+        Metrics::add(&m.decode_nanos, 1_500_000_000);
+        let text = m.render(&StateCounts {
+            active: 3,
+            ..StateCounts::default()
+        });
+        assert!(text.contains("ccfleet_instances{state=\"active\"} 3\n"));
+        assert!(text.contains("ccfleet_instances{state=\"pending\"} 0\n"));
+        assert!(text.contains("ccfleet_heartbeats_total{source=\"nats\",result=\"applied\"} 5\n"));
+        assert!(text.contains("ccfleet_heartbeat_decode_seconds_total 1.5\n"));
+        assert!(
+            text.lines()
+                .all(|l| l.starts_with('#') || l.split(' ').count() == 2)
+        );
+    }
+}

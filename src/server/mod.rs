@@ -1,0 +1,443 @@
+//! A cc-backend-compatible fleet service.
+//!
+//! Members register over REST, pull their merged configuration from an authored config
+//! tree (with ETags), heartbeat over NATS or REST and deregister; the server keeps them in a
+//! SQLite registry, marks silent ones stale and publishes discovery rosters over NATS.
+//! The behaviour follows cc-backend's fleet service (`../shared/reference/clustercockpit.md`,
+//! section 2), so cc-lib's Go client and ccfleet's client work against either.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ccfleet::server::ServerError> {
+//! let config = ccfleet::server::ServerConfig::from_json(
+//!     r#"{"addr": "127.0.0.1:0", "disable-authentication": true}"#,
+//! )?;
+//! let server = ccfleet::server::start(config).await?;
+//! println!("fleet API at {}", server.base_url());
+//! server.shutdown().await
+//! # }
+//! ```
+
+pub mod allowlist;
+mod api;
+pub mod auth;
+pub mod config;
+pub mod configtree;
+mod error;
+mod heartbeats;
+pub mod metrics;
+pub mod registry;
+pub mod roster;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use config::{FleetConfig, NatsConfig, ServerConfig};
+pub use error::{AuthError, RegistryError, ServerError, TreeError};
+pub use heartbeats::QUEUE_GROUP;
+pub use metrics::HeartbeatStats;
+
+use allowlist::Allowlist;
+use configtree::{ConfigTree, Reload};
+use metrics::Metrics;
+use registry::Registry;
+use roster::RosterNotify;
+
+/// How long shutdown waits for in-flight HTTP requests and NATS flushes.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Messages async-nats buffers for the heartbeat subscription before it drops (and
+/// reports) them; with multi-line messages this is hundreds of thousands of heartbeats.
+const SUBSCRIPTION_CAPACITY: usize = 1024;
+
+/// A running server; dropping it stops the background work without flushing, prefer
+/// [`RunningServer::shutdown`].
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    http: Option<JoinHandle<std::io::Result<()>>>,
+    consumer: Option<JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
+    nats: Option<async_nats::Client>,
+    tree: Option<Arc<ConfigTree>>,
+    registry: Registry,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for RunningServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningServer")
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Resolves once shutdown is requested (or the server handle is gone).
+pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+async fn blocking<R: Send + 'static>(
+    f: impl FnOnce() -> R + Send + 'static,
+) -> Result<R, ServerError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ServerError::Task(e.to_string()))
+}
+
+async fn connect_nats(
+    config: &NatsConfig,
+    metrics: Arc<Metrics>,
+) -> Result<async_nats::Client, ServerError> {
+    let mut options = async_nats::ConnectOptions::new()
+        .name("ccfleet-server")
+        // Like cc-lib: start even if NATS is down and keep reconnecting forever.
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .subscription_capacity(SUBSCRIPTION_CAPACITY)
+        .reconnect_delay_callback(|attempts| {
+            Duration::from_millis(100u64.saturating_mul(1 << attempts.min(5)).min(2_000))
+        })
+        .event_callback(move |event| {
+            let metrics = metrics.clone();
+            async move {
+                match event {
+                    async_nats::Event::SlowConsumer(_) => {
+                        Metrics::add(&metrics.heartbeats_dropped, 1);
+                    }
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!("NATS: disconnected, reconnecting");
+                    }
+                    async_nats::Event::Connected => tracing::info!("NATS: connected"),
+                    other => tracing::warn!("NATS: {other}"),
+                }
+            }
+        });
+    if !config.username.is_empty() && !config.password.is_empty() {
+        options = options.user_and_password(config.username.clone(), config.password.clone());
+    }
+    if !config.creds_file_path.is_empty() {
+        options = options
+            .credentials_file(&config.creds_file_path)
+            .await
+            .map_err(|e| ServerError::Nats(format!("reading creds-file-path: {e}")))?;
+    }
+    if !config.nkey_seed_file.is_empty() {
+        let seed = tokio::fs::read_to_string(&config.nkey_seed_file)
+            .await
+            .map_err(|e| ServerError::Nats(format!("reading nkey-seed-file: {e}")))?;
+        options = options.nkey(seed.trim().to_owned());
+    }
+    options
+        .connect(config.address.as_str())
+        .await
+        .map_err(|e| ServerError::Nats(e.to_string()))
+}
+
+fn spawn_sweeper(
+    registry: Registry,
+    metrics_notify: RosterNotify,
+    stale_after: Duration,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.reset();
+        let stale_secs = i64::try_from(stale_after.as_secs()).unwrap_or(i64::MAX);
+        loop {
+            tokio::select! {
+                _ = stopped(&mut shutdown) => return,
+                _ = ticker.tick() => {
+                    let cutoff = registry::unix_seconds().saturating_sub(stale_secs);
+                    match registry.mark_stale(cutoff).await {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            tracing::info!("fleet: marked {n} service(s) stale");
+                            metrics_notify.notify();
+                        }
+                        Err(e) => tracing::error!("fleet: stale sweep failed: {e}"),
+                    }
+                }
+            }
+        }
+    })
+}
+
+async fn reload_tree(tree: &Arc<ConfigTree>, metrics: &Metrics) -> Result<Reload, ServerError> {
+    let scan = tree.clone();
+    match blocking(move || scan.reload()).await? {
+        Ok(Reload::Replaced) => {
+            Metrics::add(&metrics.config_reloads, 1);
+            tracing::info!("fleet: config tree reloaded");
+            Ok(Reload::Replaced)
+        }
+        Ok(Reload::Unchanged) => Ok(Reload::Unchanged),
+        Err(e) => {
+            Metrics::add(&metrics.config_reload_errors, 1);
+            tracing::warn!("fleet: config reload failed, keeping previous snapshot: {e}");
+            Err(e.into())
+        }
+    }
+}
+
+fn spawn_reloader(
+    tree: Arc<ConfigTree>,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.reset();
+        loop {
+            tokio::select! {
+                _ = stopped(&mut shutdown) => return,
+                // Failures are logged and counted inside; the old generation stays.
+                _ = ticker.tick() => { let _ = reload_tree(&tree, &metrics).await; }
+            }
+        }
+    })
+}
+
+/// Starts the server: loads the config tree, opens the registry, connects NATS (if
+/// configured), binds the HTTP listener and starts the background loops.
+pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
+    let allowlist = Arc::new(Allowlist::new(&config.api_allowed_ips)?);
+    let verifier = if config.disable_authentication {
+        tracing::warn!(
+            "fleet: authentication is disabled; anyone allowed by api-allowed-ips can register, heartbeat and deregister"
+        );
+        None
+    } else {
+        let key = config
+            .jwt_public_key
+            .clone()
+            .or_else(|| std::env::var("JWT_PUBLIC_KEY").ok())
+            .filter(|k| !k.trim().is_empty())
+            .ok_or(ServerError::NoPublicKey)?;
+        Some(auth::Verifier::from_public_base64(&key).map_err(ServerError::Key)?)
+    };
+    let fleet = &config.fleet;
+
+    let tree = match fleet.config_dir.clone() {
+        Some(dir) => {
+            let tree = blocking(move || ConfigTree::load(&dir)).await??;
+            Some(Arc::new(tree))
+        }
+        None => {
+            tracing::warn!("fleet: no config-dir configured; every config pull answers 204");
+            None
+        }
+    };
+    let db = config.db.clone();
+    if db.is_none() {
+        tracing::warn!(
+            "fleet: no db configured; the registry lives in memory and is lost on restart"
+        );
+    }
+    let registry = blocking(move || Registry::open(db.as_deref())).await??;
+
+    let listener = tokio::net::TcpListener::bind(&config.addr)
+        .await
+        .map_err(|source| ServerError::Http {
+            addr: config.addr.clone(),
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| ServerError::Http {
+        addr: config.addr.clone(),
+        source,
+    })?;
+
+    let metrics = Arc::new(Metrics::default());
+    let roster_notify = RosterNotify::default();
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+
+    let nats = match &config.nats {
+        Some(nats) => Some(connect_nats(nats, metrics.clone()).await?),
+        None => None,
+    };
+    let consumer = match (&nats, &fleet.heartbeat_subject) {
+        (Some(client), Some(subject)) => Some(
+            heartbeats::spawn(
+                client,
+                subject,
+                fleet.heartbeat_concurrency,
+                heartbeats::ConsumerContext {
+                    registry: registry.clone(),
+                    metrics: metrics.clone(),
+                    roster: roster_notify.clone(),
+                    shutdown: shutdown_rx.clone(),
+                },
+            )
+            .await?,
+        ),
+        (None, Some(_)) => {
+            tracing::warn!(
+                "fleet: heartbeat-subject is set but no nats is configured; heartbeats only over REST"
+            );
+            None
+        }
+        (_, None) => None,
+    };
+    match &nats {
+        Some(client) => tasks.push(roster::spawn(
+            client.clone(),
+            registry.clone(),
+            metrics.clone(),
+            roster_notify.clone(),
+            roster::PublisherConfig {
+                prefix: fleet.discovery_subject_prefix.clone(),
+                interval: fleet.discovery_interval,
+                debounce: fleet.discovery_debounce,
+            },
+            shutdown_rx.clone(),
+        )),
+        None => {
+            tracing::warn!(
+                "fleet: NATS client unavailable, discovery rosters will not be published"
+            );
+        }
+    }
+    tasks.push(spawn_sweeper(
+        registry.clone(),
+        roster_notify.clone(),
+        fleet.stale_after,
+        fleet.sweep_interval,
+        shutdown_rx.clone(),
+    ));
+    if let Some(tree) = &tree {
+        tasks.push(spawn_reloader(
+            tree.clone(),
+            metrics.clone(),
+            fleet.config_reload_interval,
+            shutdown_rx.clone(),
+        ));
+    }
+
+    let app = api::router(api::AppState {
+        registry: registry.clone(),
+        tree: tree.clone(),
+        verifier,
+        allowlist,
+        metrics: metrics.clone(),
+        roster: roster_notify,
+    });
+    let mut http_shutdown = shutdown_rx.clone();
+    let http = tokio::spawn(
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            stopped(&mut http_shutdown).await;
+        })
+        .into_future(),
+    );
+    tracing::info!(
+        "fleet: initialized (config-dir '{}', stale-after {}, sweep {}, reload {}, discovery {})",
+        fleet
+            .config_dir
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        crate::duration::format(fleet.stale_after),
+        crate::duration::format(fleet.sweep_interval),
+        crate::duration::format(fleet.config_reload_interval),
+        crate::duration::format(fleet.discovery_interval),
+    );
+    tracing::info!("Enabling REST fleet service API on http://{local_addr}");
+    Ok(RunningServer {
+        local_addr,
+        shutdown,
+        http: Some(http),
+        consumer,
+        tasks,
+        nats,
+        tree,
+        registry,
+        metrics,
+    })
+}
+
+impl RunningServer {
+    /// The bound HTTP address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// `http://HOST:PORT` of the API.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.local_addr)
+    }
+
+    /// The registry (read access for tools, tests and benchmarks).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The heartbeat counters.
+    pub fn heartbeat_stats(&self) -> HeartbeatStats {
+        self.metrics.heartbeat_stats()
+    }
+
+    /// Rescans the config tree now. On error the previous generation stays in place and the
+    /// error is returned.
+    pub async fn reload_config(&self) -> Result<(), ServerError> {
+        match &self.tree {
+            Some(tree) => reload_tree(tree, &self.metrics).await.map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops gracefully: stops accepting requests, processes the heartbeat messages already
+    /// received, flushes pending heartbeats to the registry and flushes NATS.
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        let _ = self.shutdown.send(true);
+        let mut result = Ok(());
+        if let Some(http) = self.http.take() {
+            match tokio::time::timeout(SHUTDOWN_GRACE, http).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(source))) => {
+                    result = Err(ServerError::Http {
+                        addr: self.local_addr.to_string(),
+                        source,
+                    });
+                }
+                Ok(Err(e)) => result = Err(ServerError::Task(e.to_string())),
+                Err(_) => tracing::warn!(
+                    "fleet: HTTP connections still open after the grace period; closing them"
+                ),
+            }
+        }
+        if let Some(consumer) = self.consumer.take()
+            && let Err(e) = consumer.await
+        {
+            result = Err(ServerError::Task(e.to_string()));
+        }
+        for task in std::mem::take(&mut self.tasks) {
+            if let Err(e) = task.await {
+                result = Err(ServerError::Task(e.to_string()));
+            }
+        }
+        if let Some(nats) = self.nats.take() {
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, nats.flush()).await;
+        }
+        tracing::info!("fleet: server stopped");
+        result
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+        if let Some(http) = self.http.take() {
+            http.abort();
+        }
+    }
+}

@@ -1,0 +1,679 @@
+//! The service registry: cc-backend's `service` table in SQLite, fronted by an in-memory
+//! index.
+//!
+//! SQLite is the durable store; every change is written there first and mirrored into the
+//! index after the commit, so reads (config pulls, rosters, metrics) never wait for the
+//! database and heartbeats that would not change a row cost no write. All SQLite work runs
+//! on tokio's blocking pool under one connection lock, which also serialises index updates.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, params};
+
+use super::error::RegistryError;
+use crate::wire::{Scope, ServiceType};
+
+/// The lifecycle state of a registered instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum State {
+    /// Registered, no heartbeat yet.
+    Pending,
+    /// Heartbeats arrive.
+    Active,
+    /// No heartbeat for `stale-after`; the next heartbeat revives it.
+    Stale,
+    /// Terminal: the id is dead.
+    Deregistered,
+}
+
+impl State {
+    /// Every state, in lifecycle order.
+    pub const ALL: [State; 4] = [
+        State::Pending,
+        State::Active,
+        State::Stale,
+        State::Deregistered,
+    ];
+
+    /// The database and metrics spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Active => "active",
+            State::Stale => "stale",
+            State::Deregistered => "deregistered",
+        }
+    }
+
+    fn parse(s: &str) -> Option<State> {
+        State::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+/// A registration request that passed validation.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// `cluster` or `infra`.
+    pub scope: Scope,
+    /// The cluster; empty for infra scope.
+    pub cluster: String,
+    /// The member's host name.
+    pub hostname: String,
+    /// The member's service type.
+    pub service_type: ServiceType,
+    /// Free-form metadata published in rosters.
+    pub meta: BTreeMap<String, String>,
+}
+
+/// The answer to a registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    /// The fresh instance id (32 lowercase hex characters).
+    pub instance_id: String,
+    /// The last revision this (cluster, hostname, type) acknowledged; 0 if never.
+    pub config_revision: i64,
+}
+
+/// One registered service, without its instance id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    /// `cluster` or `infra`.
+    pub scope: Scope,
+    /// The cluster; empty for infra scope.
+    pub cluster: String,
+    /// The host name.
+    pub hostname: String,
+    /// The service type.
+    pub service_type: ServiceType,
+    /// The lifecycle state.
+    pub state: State,
+    /// Unix seconds of the last registration.
+    pub registered_at: i64,
+    /// Unix seconds of the last applied heartbeat.
+    pub last_heartbeat: Option<i64>,
+    /// The last acknowledged config revision.
+    pub config_revision: i64,
+    /// Metadata from the registration.
+    pub meta: Arc<BTreeMap<String, String>>,
+}
+
+/// Instances per state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateCounts {
+    /// Instances in `pending`.
+    pub pending: u64,
+    /// Instances in `active`.
+    pub active: u64,
+    /// Instances in `stale`.
+    pub stale: u64,
+    /// Instances in `deregistered`.
+    pub deregistered: u64,
+}
+
+impl StateCounts {
+    /// The count of one state.
+    pub fn get(&self, state: State) -> u64 {
+        match state {
+            State::Pending => self.pending,
+            State::Active => self.active,
+            State::Stale => self.stale,
+            State::Deregistered => self.deregistered,
+        }
+    }
+}
+
+/// The result of applying a batch of heartbeats.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Per input heartbeat: whether it belonged to a live instance.
+    pub applied: Vec<bool>,
+    /// How many instances became `active` from `pending` or `stale`.
+    pub activated: usize,
+}
+
+/// Parses an instance id (exactly 32 lowercase hex characters) into its 128-bit value.
+pub fn parse_instance_id(s: &str) -> Option<u128> {
+    let bytes = s.as_bytes();
+    if bytes.len() != 32 {
+        return None;
+    }
+    let mut value: u128 = 0;
+    for &b in bytes {
+        let digit = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => return None,
+        };
+        value = (value << 4) | u128::from(digit);
+    }
+    Some(value)
+}
+
+/// Formats a 128-bit instance id as 32 lowercase hex characters.
+pub fn format_instance_id(id: u128) -> String {
+    format!("{id:032x}")
+}
+
+/// Current wall-clock time in Unix seconds, the registry's time unit.
+pub fn unix_seconds() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    instance: u128,
+    service: Service,
+}
+
+#[derive(Default)]
+struct Index {
+    by_instance: HashMap<u128, i64>,
+    rows: HashMap<i64, Entry>,
+}
+
+struct Shared {
+    conn: Mutex<Connection>,
+    index: RwLock<Index>,
+}
+
+/// The registry; cheap to clone.
+#[derive(Clone)]
+pub struct Registry {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").finish_non_exhaustive()
+    }
+}
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS "service" (
+    id INTEGER PRIMARY KEY,
+    cluster VARCHAR(255) NOT NULL,
+    hostname VARCHAR(255) NOT NULL,
+    service_type VARCHAR(255) NOT NULL,
+    instance_id VARCHAR(64) NOT NULL,
+    scope VARCHAR(32) NOT NULL DEFAULT 'cluster' CHECK (scope IN ('cluster', 'infra')),
+    state VARCHAR(32) NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'active', 'stale', 'deregistered')),
+    registered_at INTEGER NOT NULL,
+    last_heartbeat INTEGER,
+    config_revision INTEGER NOT NULL DEFAULT 0,
+    meta_data TEXT,
+    UNIQUE (cluster, hostname, service_type),
+    UNIQUE (instance_id)
+);
+CREATE INDEX IF NOT EXISTS services_cluster ON service (cluster);
+CREATE INDEX IF NOT EXISTS services_scope ON service (scope);
+CREATE INDEX IF NOT EXISTS services_state_heartbeat ON service (state, last_heartbeat);
+"#;
+
+impl Registry {
+    /// Opens (creating if needed) the registry in the SQLite file `path`, or in memory
+    /// when `path` is `None`. Blocking: call it before serving or from a blocking task.
+    pub fn open(path: Option<&Path>) -> Result<Registry, RegistryError> {
+        let conn = match path {
+            Some(path) => {
+                let conn = Connection::open(path)?;
+                // WAL lets readers of other tools coexist with our writer; NORMAL keeps
+                // commits durable across process crashes without an fsync per batch.
+                conn.pragma_update(None, "journal_mode", "WAL")?;
+                conn.pragma_update(None, "synchronous", "NORMAL")?;
+                conn
+            }
+            None => Connection::open_in_memory()?,
+        };
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(SCHEMA)?;
+        let index = load_index(&conn)?;
+        Ok(Registry {
+            shared: Arc::new(Shared {
+                conn: Mutex::new(conn),
+                index: RwLock::new(index),
+            }),
+        })
+    }
+
+    async fn with_conn<R, F>(&self, f: F) -> Result<R, RegistryError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Shared, &mut Connection) -> Result<R, RegistryError> + Send + 'static,
+    {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = shared.conn.lock().unwrap_or_else(|e| e.into_inner());
+            f(&shared, &mut conn)
+        })
+        .await
+        .map_err(|_| RegistryError::Interrupted)?
+    }
+
+    fn index(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+        self.shared.index.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a member: upsert on (cluster, hostname, type) with a fresh instance id,
+    /// state `pending`; last heartbeat and acknowledged revision survive re-registration.
+    pub async fn register(&self, reg: Registration) -> Result<Registered, RegistryError> {
+        self.with_conn(move |shared, conn| {
+            let now = unix_seconds();
+            let instance = loop {
+                let candidate = u128::from_be_bytes(rand::random());
+                let index = shared.index.read().unwrap_or_else(|e| e.into_inner());
+                if !index.by_instance.contains_key(&candidate) {
+                    break candidate;
+                }
+            };
+            let instance_id = format_instance_id(instance);
+            let meta_json = if reg.meta.is_empty() {
+                None
+            } else {
+                Some(serde_json::to_string(&reg.meta).expect("string map serializes"))
+            };
+            let (rowid, last_heartbeat, config_revision): (i64, Option<i64>, i64) = conn
+                .prepare_cached(
+                    "INSERT INTO service (cluster, hostname, service_type, instance_id, scope, \
+                     state, registered_at, meta_data, config_revision) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, 0) \
+                     ON CONFLICT (cluster, hostname, service_type) DO UPDATE SET \
+                     instance_id = excluded.instance_id, scope = excluded.scope, \
+                     state = 'pending', registered_at = excluded.registered_at, \
+                     meta_data = excluded.meta_data \
+                     RETURNING id, last_heartbeat, config_revision",
+                )?
+                .query_row(
+                    params![
+                        reg.cluster,
+                        reg.hostname,
+                        reg.service_type.code(),
+                        instance_id,
+                        reg.scope.as_str(),
+                        now,
+                        meta_json
+                    ],
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                )?;
+            let mut index = shared.index.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(old) = index.rows.get(&rowid).map(|e| e.instance) {
+                index.by_instance.remove(&old);
+            }
+            index.by_instance.insert(instance, rowid);
+            index.rows.insert(
+                rowid,
+                Entry {
+                    instance,
+                    service: Service {
+                        scope: reg.scope,
+                        cluster: reg.cluster,
+                        hostname: reg.hostname,
+                        service_type: reg.service_type,
+                        state: State::Pending,
+                        registered_at: now,
+                        last_heartbeat,
+                        config_revision,
+                        meta: Arc::new(reg.meta),
+                    },
+                },
+            );
+            Ok(Registered {
+                instance_id,
+                config_revision,
+            })
+        })
+        .await
+    }
+
+    /// Applies heartbeats received at `at` (Unix seconds): live instances become `active`
+    /// with `last_heartbeat = at`; unknown and deregistered ids are reported as not applied.
+    /// All writes happen in one transaction.
+    pub async fn heartbeat_batch(
+        &self,
+        beats: Vec<(u128, i64)>,
+    ) -> Result<BatchOutcome, RegistryError> {
+        if beats.is_empty() {
+            return Ok(BatchOutcome::default());
+        }
+        self.with_conn(move |shared, conn| {
+            let mut applied = Vec::with_capacity(beats.len());
+            let mut writes: Vec<(i64, i64)> = Vec::new();
+            {
+                let index = shared.index.read().unwrap_or_else(|e| e.into_inner());
+                for &(instance, at) in &beats {
+                    let entry = index
+                        .by_instance
+                        .get(&instance)
+                        .and_then(|rowid| index.rows.get(rowid).map(|e| (*rowid, e)));
+                    match entry {
+                        Some((_, e)) if e.service.state == State::Deregistered => {
+                            applied.push(false)
+                        }
+                        Some((rowid, e)) => {
+                            applied.push(true);
+                            // A row that is already active with this second needs no write.
+                            if e.service.state != State::Active
+                                || e.service.last_heartbeat != Some(at)
+                            {
+                                writes.push((rowid, at));
+                            }
+                        }
+                        None => applied.push(false),
+                    }
+                }
+            }
+            let mut activated = 0;
+            if !writes.is_empty() {
+                let tx = conn.transaction()?;
+                {
+                    let mut stmt = tx.prepare_cached(
+                        "UPDATE service SET last_heartbeat = ?1, state = 'active' \
+                         WHERE id = ?2 AND state <> 'deregistered'",
+                    )?;
+                    for &(rowid, at) in &writes {
+                        stmt.execute(params![at, rowid])?;
+                    }
+                }
+                tx.commit()?;
+                let mut index = shared.index.write().unwrap_or_else(|e| e.into_inner());
+                for (rowid, at) in writes {
+                    if let Some(entry) = index.rows.get_mut(&rowid) {
+                        if entry.service.state != State::Active {
+                            activated += 1;
+                        }
+                        entry.service.state = State::Active;
+                        entry.service.last_heartbeat = Some(at);
+                    }
+                }
+            }
+            Ok(BatchOutcome { applied, activated })
+        })
+        .await
+    }
+
+    /// Applies one heartbeat; `Ok(None)` when the id is unknown or deregistered, else
+    /// whether the instance just became `active`.
+    pub async fn heartbeat(&self, instance_id: &str) -> Result<Option<bool>, RegistryError> {
+        let Some(instance) = parse_instance_id(instance_id) else {
+            return Ok(None);
+        };
+        let outcome = self
+            .heartbeat_batch(vec![(instance, unix_seconds())])
+            .await?;
+        Ok(outcome.applied[0].then_some(outcome.activated > 0))
+    }
+
+    /// Marks an instance `deregistered`. Returns whether a live instance was terminated;
+    /// unknown and already deregistered ids are not an error.
+    pub async fn deregister(&self, instance_id: &str) -> Result<bool, RegistryError> {
+        let Some(instance) = parse_instance_id(instance_id) else {
+            return Ok(false);
+        };
+        self.with_conn(move |shared, conn| {
+            let rowid = {
+                let index = shared.index.read().unwrap_or_else(|e| e.into_inner());
+                match index.by_instance.get(&instance) {
+                    Some(rowid)
+                        if index
+                            .rows
+                            .get(rowid)
+                            .is_some_and(|e| e.service.state != State::Deregistered) =>
+                    {
+                        *rowid
+                    }
+                    _ => return Ok(false),
+                }
+            };
+            conn.prepare_cached("UPDATE service SET state = 'deregistered' WHERE id = ?1")?
+                .execute(params![rowid])?;
+            let mut index = shared.index.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(entry) = index.rows.get_mut(&rowid) {
+                entry.service.state = State::Deregistered;
+            }
+            Ok(true)
+        })
+        .await
+    }
+
+    /// The service behind an instance id, from the index (no database access).
+    pub fn lookup(&self, instance_id: &str) -> Option<Service> {
+        let instance = parse_instance_id(instance_id)?;
+        let index = self.index();
+        let rowid = index.by_instance.get(&instance)?;
+        index.rows.get(rowid).map(|e| e.service.clone())
+    }
+
+    /// Records the config revision an instance was served.
+    pub async fn acknowledge(&self, instance_id: &str, revision: i64) -> Result<(), RegistryError> {
+        let Some(instance) = parse_instance_id(instance_id) else {
+            return Ok(());
+        };
+        self.with_conn(move |shared, conn| {
+            let Some(rowid) = shared
+                .index
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .by_instance
+                .get(&instance)
+                .copied()
+            else {
+                return Ok(());
+            };
+            conn.prepare_cached("UPDATE service SET config_revision = ?1 WHERE id = ?2")?
+                .execute(params![revision, rowid])?;
+            let mut index = shared.index.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(entry) = index.rows.get_mut(&rowid) {
+                entry.service.config_revision = revision;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Moves `active` instances whose last heartbeat is older than `cutoff` (Unix seconds)
+    /// to `stale`; `pending` never goes stale. Returns how many changed.
+    pub async fn mark_stale(&self, cutoff: i64) -> Result<usize, RegistryError> {
+        self.with_conn(move |shared, conn| {
+            let rowids: Vec<i64> = conn
+                .prepare_cached(
+                    "UPDATE service SET state = 'stale' \
+                     WHERE state = 'active' AND last_heartbeat < ?1 RETURNING id",
+                )?
+                .query_map(params![cutoff], |row| row.get(0))?
+                .collect::<Result<_, _>>()?;
+            let mut index = shared.index.write().unwrap_or_else(|e| e.into_inner());
+            for rowid in &rowids {
+                if let Some(entry) = index.rows.get_mut(rowid) {
+                    entry.service.state = State::Stale;
+                }
+            }
+            Ok(rowids.len())
+        })
+        .await
+    }
+
+    /// Every `active` service, ordered by cluster, then host name.
+    pub fn active(&self) -> Vec<Service> {
+        let mut active: Vec<Service> = self
+            .index()
+            .rows
+            .values()
+            .filter(|e| e.service.state == State::Active)
+            .map(|e| e.service.clone())
+            .collect();
+        active.sort_by(|a, b| {
+            (&a.cluster, &a.hostname, a.service_type.code()).cmp(&(
+                &b.cluster,
+                &b.hostname,
+                b.service_type.code(),
+            ))
+        });
+        active
+    }
+
+    /// Instances per state.
+    pub fn counts(&self) -> StateCounts {
+        let mut counts = StateCounts::default();
+        for entry in self.index().rows.values() {
+            match entry.service.state {
+                State::Pending => counts.pending += 1,
+                State::Active => counts.active += 1,
+                State::Stale => counts.stale += 1,
+                State::Deregistered => counts.deregistered += 1,
+            }
+        }
+        counts
+    }
+}
+
+fn load_index(conn: &Connection) -> Result<Index, RegistryError> {
+    let mut index = Index::default();
+    let mut stmt = conn.prepare(
+        "SELECT id, cluster, hostname, service_type, instance_id, scope, state, registered_at, \
+         last_heartbeat, config_revision, meta_data FROM service",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut bad_meta = 0usize;
+    while let Some(row) = rows.next()? {
+        let rowid: i64 = row.get(0)?;
+        let instance_text: String = row.get(4)?;
+        let instance =
+            parse_instance_id(&instance_text).ok_or(RegistryError::Corrupt("instance_id"))?;
+        let type_text: String = row.get(3)?;
+        let service_type: ServiceType = type_text
+            .parse()
+            .map_err(|_| RegistryError::Corrupt("service_type"))?;
+        let scope = match row.get_ref(5)?.as_str().unwrap_or_default() {
+            "cluster" => Scope::Cluster,
+            "infra" => Scope::Infra,
+            _ => return Err(RegistryError::Corrupt("scope")),
+        };
+        let state = State::parse(row.get_ref(6)?.as_str().unwrap_or_default())
+            .ok_or(RegistryError::Corrupt("state"))?;
+        let meta_text: Option<String> = row.get(10)?;
+        let meta = match meta_text.as_deref() {
+            None | Some("") => BTreeMap::new(),
+            Some(text) => serde_json::from_str(text).unwrap_or_else(|_| {
+                bad_meta += 1;
+                BTreeMap::new()
+            }),
+        };
+        index.by_instance.insert(instance, rowid);
+        index.rows.insert(
+            rowid,
+            Entry {
+                instance,
+                service: Service {
+                    scope,
+                    cluster: row.get(1)?,
+                    hostname: row.get(2)?,
+                    service_type,
+                    state,
+                    registered_at: row.get(7)?,
+                    last_heartbeat: row.get(8)?,
+                    config_revision: row.get(9)?,
+                    meta: Arc::new(meta),
+                },
+            },
+        );
+    }
+    if bad_meta > 0 {
+        tracing::warn!("fleet: {bad_meta} service row(s) have unparseable meta_data; ignoring it");
+    }
+    Ok(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(cluster: &str, host: &str, ty: ServiceType) -> Registration {
+        Registration {
+            scope: if cluster.is_empty() {
+                Scope::Infra
+            } else {
+                Scope::Cluster
+            },
+            cluster: cluster.to_owned(),
+            hostname: host.to_owned(),
+            service_type: ty,
+            meta: BTreeMap::from([("port".to_owned(), "8080".to_owned())]),
+        }
+    }
+
+    #[test]
+    fn instance_ids() {
+        let id = "3f1c9a2b7d4e6f8a0b1c2d3e4f5a6b7c";
+        assert_eq!(format_instance_id(parse_instance_id(id).unwrap()), id);
+        assert_eq!(format_instance_id(1), "00000000000000000000000000000001");
+        assert!(parse_instance_id("3F1C9A2B7D4E6F8A0B1C2D3E4F5A6B7C").is_none());
+        assert!(parse_instance_id("+f1c9a2b7d4e6f8a0b1c2d3e4f5a6b7c").is_none());
+        assert!(parse_instance_id("abc").is_none());
+    }
+
+    #[tokio::test]
+    async fn lifecycle_and_persistence() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.sqlite");
+        let r = Registry::open(Some(&path)).unwrap();
+        let a = r
+            .register(reg("fritz", "f0101", ServiceType::MetricCollector))
+            .await
+            .unwrap();
+        assert_eq!(a.config_revision, 0);
+        assert_eq!(r.lookup(&a.instance_id).unwrap().state, State::Pending);
+        assert_eq!(r.heartbeat(&a.instance_id).await.unwrap(), Some(true));
+        assert_eq!(r.heartbeat(&a.instance_id).await.unwrap(), Some(false));
+        r.acknowledge(&a.instance_id, 42).await.unwrap();
+        let b = r
+            .register(reg("fritz", "f0101", ServiceType::MetricCollector))
+            .await
+            .unwrap();
+        assert_ne!(a.instance_id, b.instance_id);
+        assert_eq!(b.config_revision, 42);
+        assert!(r.lookup(&a.instance_id).is_none());
+        assert_eq!(r.heartbeat(&a.instance_id).await.unwrap(), None);
+        let infra = r
+            .register(reg("", "mgmt01", ServiceType::Backend))
+            .await
+            .unwrap();
+        r.heartbeat(&infra.instance_id).await.unwrap();
+        assert_eq!(r.mark_stale(unix_seconds() + 1).await.unwrap(), 1);
+        assert_eq!(r.lookup(&infra.instance_id).unwrap().state, State::Stale);
+        assert!(r.deregister(&b.instance_id).await.unwrap());
+        assert!(!r.deregister(&b.instance_id).await.unwrap());
+        assert_eq!(r.heartbeat(&b.instance_id).await.unwrap(), None);
+        drop(r);
+
+        let r = Registry::open(Some(&path)).unwrap();
+        let svc = r.lookup(&infra.instance_id).unwrap();
+        assert_eq!(
+            (svc.scope, svc.cluster.as_str(), svc.state),
+            (Scope::Infra, "", State::Stale)
+        );
+        assert_eq!(svc.meta.get("port").map(String::as_str), Some("8080"));
+        assert_eq!(r.lookup(&b.instance_id).unwrap().state, State::Deregistered);
+        assert_eq!(r.lookup(&b.instance_id).unwrap().config_revision, 42);
+        let counts = r.counts();
+        assert_eq!(
+            (counts.stale, counts.deregistered, counts.active),
+            (1, 1, 0)
+        );
+        let outcome = r
+            .heartbeat_batch(vec![
+                (parse_instance_id(&infra.instance_id).unwrap(), 7),
+                (parse_instance_id(&b.instance_id).unwrap(), 7),
+                (5, 7),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(outcome.applied, [true, false, false]);
+        assert_eq!(outcome.activated, 1);
+        assert_eq!(r.active().len(), 1);
+    }
+}
