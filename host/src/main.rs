@@ -1,0 +1,56 @@
+//! The `ccfleet` command line.
+
+use clap::Parser;
+
+mod cli {
+    pub mod decode;
+    pub mod plugin;
+    pub mod server;
+}
+
+/// ccfleet: join a ClusterCockpit-style fleet and run sandboxed plugins.
+#[derive(Debug, Parser)]
+#[command(name = "ccfleet", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Decode line protocol (files or stdin) into one JSON object per point.
+    Decode(cli::decode::DecodeArgs),
+    /// Tools for plugin components (componentize, check).
+    Plugin(cli::plugin::Args),
+    /// Run a cc-backend-compatible fleet server.
+    Server(cli::server::ServerArgs),
+    /// Print a new Ed25519 key pair as JWT_PUBLIC_KEY= and JWT_PRIVATE_KEY= lines.
+    Keygen(cli::server::KeygenArgs),
+    /// Print an API token signed with JWT_PRIVATE_KEY.
+    Token(cli::server::TokenArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Decode(args) => {
+            if cli::decode::run(args)? {
+                // Some line was bad: the output says which; the status tells scripts.
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Plugin(args) => cli::plugin::run(args).await,
+        Command::Server(args) => cli::server::run_server(args).await,
+        Command::Keygen(args) => cli::server::run_keygen(args),
+        Command::Token(args) => cli::server::run_token(args),
+    }
+}

@@ -1,0 +1,316 @@
+//! The shared part of the host: one wasmtime `Engine` with epoch interruption, its ticker, the
+//! linkers (with and without WASI) and the compile cache. Plugins are loaded here into an
+//! `InstancePre`, which every (re)instantiation of the plugin reuses.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::broadcast;
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Config, Engine, Store, UpdateDeadline};
+use wasmtime_wasi::{FsPerms, WasiCtx};
+
+use crate::HostError;
+use crate::bindings::{FleetPlugin, FleetPluginPre};
+use crate::cache::{ComponentCache, content_hash};
+use crate::events::{EventSender, PluginEvent};
+use crate::sink::SinkHandle;
+use crate::spec::PluginSpec;
+use crate::state::{Emitter, HostState, MemoryLimiter};
+use crate::supervisor::{self, Feeds, PluginHandle};
+
+/// Options of a [`Runtime`].
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    /// Where compiled components are cached; no cache when `None`.
+    pub cache_dir: Option<PathBuf>,
+    /// How often the epoch advances: the granularity of CPU deadlines.
+    pub epoch_tick: Duration,
+    /// How often plugin files are checked for changes (hot reload).
+    pub watch_interval: Duration,
+    /// Capacity of the event broadcast channel.
+    pub event_capacity: usize,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        RuntimeOptions {
+            cache_dir: default_cache_dir(),
+            epoch_tick: Duration::from_millis(10),
+            watch_interval: Duration::from_secs(2),
+            event_capacity: 1024,
+        }
+    }
+}
+
+/// `$XDG_CACHE_HOME/ccfleet/components`, else `$HOME/.cache/ccfleet/components`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    Some(base.join("ccfleet").join("components"))
+}
+
+/// The plugin host's shared engine, linkers and cache. Cheap to clone.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    plain: Linker<HostState>,
+    wasi: Linker<HostState>,
+    cache: ComponentCache,
+    events: EventSender,
+    options: RuntimeOptions,
+}
+
+/// A compiled, type-checked plugin, ready to be instantiated any number of times.
+#[derive(Clone)]
+pub struct LoadedPlugin {
+    pub(crate) pre: FleetPluginPre<HostState>,
+    /// The SHA-256 of the component file, hex.
+    pub hash: String,
+    /// Whether the compiled code came from the on-disk cache.
+    pub cached: bool,
+}
+
+/// What identifies a version of a file without reading it: size and modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileStamp {
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl FileStamp {
+    pub fn of(path: &Path) -> Option<FileStamp> {
+        let meta = std::fs::metadata(path).ok()?;
+        Some(FileStamp {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        })
+    }
+}
+
+impl Runtime {
+    /// Creates the engine, starts its epoch ticker and builds the linkers.
+    pub fn new(options: RuntimeOptions) -> Result<Runtime, HostError> {
+        let engine_err = |e: wasmtime::Error| HostError::Engine(format!("{e:#}"));
+        let mut config = Config::new();
+        config
+            .epoch_interruption(true)
+            // The WIT world has no async functions; without concurrency support calls into
+            // components are several times cheaper.
+            .concurrency_support(false);
+        let engine = Engine::new(&config).map_err(engine_err)?;
+        spawn_ticker(&engine, options.epoch_tick)
+            .map_err(|e| HostError::Engine(format!("cannot start the epoch ticker: {e}")))?;
+
+        let mut plain = Linker::new(&engine);
+        FleetPlugin::add_to_linker::<_, HasSelf<_>>(&mut plain, |s| s).map_err(engine_err)?;
+        let mut wasi = Linker::new(&engine);
+        FleetPlugin::add_to_linker::<_, HasSelf<_>>(&mut wasi, |s| s).map_err(engine_err)?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut wasi).map_err(engine_err)?;
+
+        let cache = ComponentCache::new(&engine, options.cache_dir.clone());
+        let (events, _) = broadcast::channel(options.event_capacity.max(16));
+        Ok(Runtime {
+            inner: Arc::new(Inner {
+                engine,
+                plain,
+                wasi,
+                cache,
+                events,
+                options,
+            }),
+        })
+    }
+
+    /// Subscribes to the events of every plugin of this runtime.
+    pub fn subscribe(&self) -> broadcast::Receiver<PluginEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// The options the runtime was created with.
+    pub fn options(&self) -> &RuntimeOptions {
+        &self.inner.options
+    }
+
+    pub(crate) fn events(&self) -> &EventSender {
+        &self.inner.events
+    }
+
+    /// Reads, compiles (or takes from the cache) and type-checks a plugin's component. Runs
+    /// the compilation on the blocking pool.
+    pub async fn load(&self, spec: &PluginSpec) -> Result<LoadedPlugin, HostError> {
+        spec.validate()?;
+        let this = self.clone();
+        let spec = spec.clone();
+        tokio::task::spawn_blocking(move || this.load_blocking(&spec))
+            .await
+            .map_err(|e| HostError::Engine(format!("the compile task failed: {e}")))?
+    }
+
+    /// [`Runtime::load`] on the current thread.
+    pub fn load_blocking(&self, spec: &PluginSpec) -> Result<LoadedPlugin, HostError> {
+        let path = &spec.path;
+        let bytes = std::fs::read(path).map_err(|source| HostError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        self.load_bytes(spec, &bytes)
+    }
+
+    pub(crate) fn load_bytes(
+        &self,
+        spec: &PluginSpec,
+        bytes: &[u8],
+    ) -> Result<LoadedPlugin, HostError> {
+        let path = &spec.path;
+        let plugin = spec.display_name();
+        if Engine::detect_precompiled(bytes).is_some() {
+            return Err(HostError::Precompiled { path: path.clone() });
+        }
+        if crate::componentize::is_core_module(bytes) {
+            return Err(HostError::CoreModule { path: path.clone() });
+        }
+        let hash = content_hash(bytes);
+        let (component, cached) = self
+            .inner
+            .cache
+            .load(&self.inner.engine, &hash, bytes)
+            .map_err(|e| HostError::InvalidComponent {
+                path: path.clone(),
+                reason: format!("{e:#}"),
+            })?;
+        let granted = spec.capabilities.wasi;
+        if !granted {
+            let ty = component.component_type();
+            if let Some((import, _)) = ty
+                .imports(&self.inner.engine)
+                .find(|(name, _)| name.starts_with("wasi:"))
+            {
+                return Err(HostError::WasiNotGranted {
+                    plugin,
+                    import: import.to_owned(),
+                });
+            }
+        }
+        let linker = if granted {
+            &self.inner.wasi
+        } else {
+            &self.inner.plain
+        };
+        let incompatible = |e: wasmtime::Error| HostError::Incompatible {
+            plugin: plugin.clone(),
+            reason: format!("{e:#}"),
+        };
+        let pre = linker.instantiate_pre(&component).map_err(incompatible)?;
+        let pre = FleetPluginPre::new(pre).map_err(incompatible)?;
+        Ok(LoadedPlugin {
+            pre,
+            hash,
+            cached,
+        })
+    }
+
+    /// Creates a fresh store for one instantiation of a plugin.
+    pub(crate) fn new_store(
+        &self,
+        spec: &PluginSpec,
+        plugin: Arc<str>,
+        generation: u64,
+        sink: SinkHandle,
+    ) -> Result<Store<HostState>, HostError> {
+        let limits = &spec.limits;
+        let wasi = if spec.capabilities.wasi {
+            let mut builder = WasiCtx::builder();
+            for dir in &spec.capabilities.read_dirs {
+                let guest = dir.to_string_lossy();
+                builder
+                    .preopened_dir(dir, guest.as_ref(), FsPerms::ReadOnly)
+                    .map_err(|e| HostError::Preopen {
+                        plugin: plugin.to_string(),
+                        path: dir.clone(),
+                        reason: format!("{e:#}"),
+                    })?;
+            }
+            Some(builder.build())
+        } else {
+            None
+        };
+        let state = HostState {
+            plugin: plugin.clone(),
+            generation,
+            limiter: MemoryLimiter::new(limits.memory_bytes()),
+            emitter: Emitter::new(
+                sink,
+                limits.max_points as usize,
+                limits.max_emit_bytes as usize,
+            ),
+            events: self.inner.events.clone(),
+            deadline: Instant::now() + limits.call_timeout,
+            table: wasmtime::component::ResourceTable::new(),
+            wasi,
+        };
+        let mut store = Store::try_new(&self.inner.engine, state).map_err(|e| HostError::Store {
+            plugin: plugin.to_string(),
+            reason: format!("{e:#}"),
+        })?;
+        store.limiter(|s| &mut s.limiter);
+        // Lifting an `emit` batch is the largest allocation a plugin can make the host do;
+        // bound it by the batch limit (plus room for the records themselves).
+        store.set_hostcall_fuel((limits.max_emit_bytes as usize).saturating_mul(2));
+        store.epoch_deadline_callback(|ctx| {
+            if Instant::now() >= ctx.data().deadline {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                // Yield at every tick so a long call never holds a runtime worker.
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        store.set_epoch_deadline(1);
+        Ok(store)
+    }
+
+    /// Starts a supervised plugin: loads it, instantiates it, feeds it and restarts it on
+    /// failure, until the returned handle is stopped or dropped.
+    pub fn spawn(&self, spec: PluginSpec, feeds: Feeds, sink: SinkHandle) -> PluginHandle {
+        supervisor::spawn(self.clone(), spec, feeds, sink)
+    }
+}
+
+impl LoadedPlugin {
+    /// Instantiates the plugin into a fresh store and calls `init` with its configuration:
+    /// the first step of every (re)start. Exposed for benchmarks and embedders that drive a
+    /// plugin themselves; the supervisor does this on its own.
+    pub async fn instantiate(
+        &self,
+        runtime: &Runtime,
+        spec: &PluginSpec,
+        sink: SinkHandle,
+    ) -> Result<crate::supervisor::Instance, crate::Failure> {
+        crate::supervisor::Instance::start(runtime, self, spec, spec.display_name().into(), 1, sink)
+            .await
+    }
+}
+
+fn spawn_ticker(engine: &Engine, tick: Duration) -> std::io::Result<()> {
+    let weak = engine.weak();
+    let tick = tick.max(Duration::from_millis(1));
+    std::thread::Builder::new()
+        .name("ccfleet-epoch".to_owned())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(tick);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => return,
+                }
+            }
+        })?;
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! How a plugin is declared in the agent configuration (one entry of its `plugins` list).
+//!
+//! ```json
+//! {
+//!   "name": "loadavg",
+//!   "path": "guest/target/components/loadavg.wasm",
+//!   "config": {"cluster": "fritz"},
+//!   "collect-interval": "10s",
+//!   "limits": {"memory-mb": 32, "call-timeout": "500ms"},
+//!   "capabilities": {"wasi": true, "read-dirs": ["/proc"]}
+//! }
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ccfleet::duration::serde_go;
+use serde::{Deserialize, Serialize};
+
+use crate::HostError;
+
+/// One plugin of the agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PluginSpec {
+    /// The name used in logs and events; defaults to the file's stem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The component file (`.wasm`). It is watched and reloaded when it changes.
+    pub path: PathBuf,
+    /// The plugin's own configuration, handed to its `init` as JSON text.
+    #[serde(default = "empty_object")]
+    pub config: serde_json::Value,
+    /// How often `collect` is called; never when absent.
+    #[serde(
+        default,
+        with = "optional_go_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub collect_interval: Option<Duration>,
+    /// Resource limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Granted capabilities beyond the `cc:fleet/host` interface.
+    #[serde(default)]
+    pub capabilities: Capabilities,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(serde_json::Map::new())
+}
+
+impl PluginSpec {
+    /// A specification with default limits, no capabilities and no collect interval.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        PluginSpec {
+            name: None,
+            path: path.into(),
+            config: empty_object(),
+            collect_interval: None,
+            limits: Limits::default(),
+            capabilities: Capabilities::default(),
+        }
+    }
+
+    /// The plugin's name: `name`, or the file stem of `path`.
+    pub fn display_name(&self) -> String {
+        match &self.name {
+            Some(name) => name.clone(),
+            None => self
+                .path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "plugin".to_owned()),
+        }
+    }
+
+    /// Checks the specification for contradictions.
+    pub fn validate(&self) -> Result<(), HostError> {
+        let fail = |reason: String| {
+            Err(HostError::Spec {
+                plugin: self.display_name(),
+                reason,
+            })
+        };
+        if !self.capabilities.read_dirs.is_empty() && !self.capabilities.wasi {
+            return fail("capabilities.read-dirs needs capabilities.wasi = true".to_owned());
+        }
+        if let Some(dir) = self.capabilities.read_dirs.iter().find(|d| !d.is_absolute()) {
+            return fail(format!(
+                "capabilities.read-dirs entry {} must be an absolute path",
+                dir.display()
+            ));
+        }
+        if self.collect_interval == Some(Duration::ZERO) {
+            return fail("collect-interval must be positive".to_owned());
+        }
+        let l = &self.limits;
+        if l.memory_mb == 0 || l.max_points == 0 || l.max_emit_bytes == 0 {
+            return fail("limits must be positive".to_owned());
+        }
+        if l.call_timeout.is_zero() {
+            return fail("limits.call-timeout must be positive".to_owned());
+        }
+        Ok(())
+    }
+
+    /// Resolves a relative `path` against `base` (the directory of the agent configuration).
+    pub fn resolve_path(&mut self, base: &Path) {
+        if self.path.is_relative() {
+            self.path = base.join(&self.path);
+        }
+    }
+}
+
+/// Per-plugin resource limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct Limits {
+    /// Linear memory, summed over the component's memories, in MiB.
+    pub memory_mb: u32,
+    /// CPU deadline of one call into the plugin (epoch interruption), also bounding the
+    /// call's wall-clock time.
+    #[serde(with = "serde_go")]
+    pub call_timeout: Duration,
+    /// The most points one `emit` call may carry.
+    pub max_points: u32,
+    /// The most line-protocol bytes one `emit` call may produce; it also caps what the host
+    /// allocates on the plugin's behalf in one host call.
+    pub max_emit_bytes: u32,
+    /// Restarts allowed before the plugin is quarantined until its file changes.
+    pub restart_budget: u32,
+    /// Delay before the first restart; it doubles with each further restart.
+    #[serde(with = "serde_go")]
+    pub restart_backoff: Duration,
+    /// The longest delay between restarts.
+    #[serde(with = "serde_go")]
+    pub max_restart_backoff: Duration,
+    /// A plugin that has run this long without failing gets its restart budget back.
+    #[serde(with = "serde_go")]
+    pub healthy_period: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_mb: 64,
+            call_timeout: Duration::from_secs(1),
+            max_points: 10_000,
+            max_emit_bytes: 4 << 20,
+            restart_budget: 5,
+            restart_backoff: Duration::from_millis(500),
+            max_restart_backoff: Duration::from_secs(30),
+            healthy_period: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Limits {
+    /// The memory limit in bytes.
+    pub fn memory_bytes(&self) -> usize {
+        (self.memory_mb as usize) << 20
+    }
+}
+
+/// Capabilities granted to a plugin. Nothing is granted by default: the plugin sees only
+/// the `cc:fleet/host` interface.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Capabilities {
+    /// Links WASI (clocks, random, stdio discarded; no network, no environment). A component
+    /// importing WASI without this grant is refused at load.
+    #[serde(default)]
+    pub wasi: bool,
+    /// Host directories the plugin may read, each visible under the same path. Needs `wasi`.
+    #[serde(default)]
+    pub read_dirs: Vec<PathBuf>,
+}
+
+mod optional_go_duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(s) => ccfleet::duration::parse(&s)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+
+    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(d) => s.collect_str(&ccfleet::duration::format(*d)),
+            None => s.serialize_none(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_entry() {
+        let spec: PluginSpec = serde_json::from_str(
+            r#"{"name":"l","path":"p.wasm","config":{"a":1},"collect-interval":"10s",
+                "limits":{"memory-mb":8,"call-timeout":"250ms"},
+                "capabilities":{"wasi":true,"read-dirs":["/proc"]}}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.collect_interval, Some(Duration::from_secs(10)));
+        assert_eq!(spec.limits.memory_bytes(), 8 << 20);
+        assert_eq!(spec.limits.call_timeout, Duration::from_millis(250));
+        assert_eq!(spec.limits.max_points, Limits::default().max_points);
+        assert!(spec.capabilities.wasi);
+        spec.validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_unknown_keys_and_ungranted_dirs() {
+        assert!(serde_json::from_str::<PluginSpec>(r#"{"path":"p","colour":1}"#).is_err());
+        let spec: PluginSpec =
+            serde_json::from_str(r#"{"path":"p","capabilities":{"read-dirs":["/proc"]}}"#)
+                .unwrap();
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(err.contains("needs capabilities.wasi"), "{err}");
+    }
+
+    #[test]
+    fn name_defaults_to_the_file_stem() {
+        assert_eq!(PluginSpec::new("/x/roster-logger.wasm").display_name(), "roster-logger");
+    }
+}
