@@ -1,0 +1,676 @@
+//! The local `fleet` configuration section: how to reach cc-backend.
+//!
+//! The section always stays local; it never comes from the fleet service itself. Keys are
+//! kebab-case as ClusterCockpit writes them, unknown keys are rejected, and durations use Go's
+//! syntax (`30s`, `1m30s`, `1.5h`) and must be positive.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::duration::{self, DurationError};
+use crate::wire::DEFAULT_DISCOVERY_PREFIX;
+
+/// Environment variable whose non-empty value overrides the configured token.
+pub const ENV_TOKEN: &str = "CC_FLEET_TOKEN";
+/// Environment variable naming a file that holds the token (used when [`ENV_TOKEN`] is unset).
+pub const ENV_TOKEN_FILE: &str = "CC_FLEET_TOKEN_FILE";
+
+/// Default interval between heartbeats.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+/// Default interval between configuration polls.
+pub const DEFAULT_CONFIG_POLL_INTERVAL: Duration = Duration::from_secs(60);
+/// Default timeout of one HTTP request to cc-backend.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// JSON schema of the `fleet` section, for applications that validate their whole config file.
+pub const CONFIG_SCHEMA: &str = r#"{
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "title": "fleet",
+  "description": "How to reach the cc-backend fleet service. This section always stays local.",
+  "type": "object",
+  "properties": {
+    "url": {
+      "description": "Base URL of cc-backend, e.g. https://cc.example.org.",
+      "type": "string"
+    },
+    "token": {
+      "description": "JWT with the api role. CC_FLEET_TOKEN, or the file named by CC_FLEET_TOKEN_FILE, overrides it.",
+      "type": "string"
+    },
+    "cluster": {
+      "description": "Cluster this service belongs to; empty registers in the infra scope.",
+      "type": "string"
+    },
+    "hostname": {
+      "description": "Hostname to register under; defaults to the system hostname.",
+      "type": "string"
+    },
+    "heartbeat-interval": {
+      "description": "Interval between heartbeats as a Go duration; default 30s.",
+      "type": "string"
+    },
+    "config-poll-interval": {
+      "description": "Interval between configuration polls as a Go duration; default 60s.",
+      "type": "string"
+    },
+    "heartbeat-subject": {
+      "description": "NATS subject for heartbeats; empty sends heartbeats over REST only.",
+      "type": "string"
+    },
+    "discovery-subject-prefix": {
+      "description": "Prefix of the NATS discovery subjects; default cc.fleet.discovery.",
+      "type": "string"
+    },
+    "cache-path": {
+      "description": "File caching the last received configuration; empty disables the cache.",
+      "type": "string"
+    },
+    "timeout": {
+      "description": "Timeout of one HTTP request to cc-backend as a Go duration; default 10s.",
+      "type": "string"
+    }
+  },
+  "required": ["url"],
+  "additionalProperties": false
+}"#;
+
+/// Why a `fleet` section (or the token it points to) is unusable.
+///
+/// Messages name the offending key and value, but never the token.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The section is empty.
+    #[error("fleet: empty configuration")]
+    Empty,
+    /// The section is not a JSON object of the known keys (unknown key, wrong type, bad JSON).
+    #[error("fleet: decoding configuration: {0}")]
+    Decode(#[source] serde_json::Error),
+    /// `url` is missing or empty.
+    #[error("fleet: configuration is missing 'url'")]
+    MissingUrl,
+    /// `url` is not an absolute http(s) URL with a host.
+    #[error("fleet: invalid url: {reason}")]
+    InvalidUrl {
+        /// What is wrong with it (the URL itself is left out: it may carry credentials).
+        reason: &'static str,
+    },
+    /// A duration key does not hold a Go duration.
+    #[error("fleet: invalid {key} {value:?}: {source}")]
+    InvalidDuration {
+        /// The config key.
+        key: &'static str,
+        /// The rejected value.
+        value: String,
+        /// What the duration parser found.
+        #[source]
+        source: DurationError,
+    },
+    /// A duration key holds zero or a negative duration.
+    #[error("fleet: {key} must be positive, got {value:?}")]
+    NotPositive {
+        /// The config key.
+        key: &'static str,
+        /// The rejected value.
+        value: String,
+    },
+    /// `hostname` or `cluster` could escape the server's configuration tree.
+    #[error("fleet: {key} {value:?} is not a safe path component")]
+    UnsafeName {
+        /// The config key.
+        key: &'static str,
+        /// The rejected value.
+        value: String,
+    },
+    /// No `hostname` is configured and the system hostname cannot be read.
+    #[error("fleet: cannot determine the hostname: {0}")]
+    Hostname(#[source] std::io::Error),
+    /// The file named by `CC_FLEET_TOKEN_FILE` cannot be read.
+    #[error("fleet: reading the token file {path:?} named by CC_FLEET_TOKEN_FILE: {source}")]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// The read error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file named by `CC_FLEET_TOKEN_FILE` holds only whitespace.
+    #[error("fleet: the token file {path:?} named by CC_FLEET_TOKEN_FILE is empty")]
+    EmptyTokenFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The token cannot be sent in an HTTP header (control characters or non-ASCII bytes).
+    #[error("fleet: the token contains characters not allowed in an HTTP header")]
+    InvalidToken,
+}
+
+/// The parsed `fleet` section.
+///
+/// Build it with [`Config::from_json`] / [`Config::from_value`], or with [`Config::new`] and
+/// field updates. The token held here is the configured one; [`Config::resolve_token`] applies
+/// the environment overrides, which the client does when it is created.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Base URL of cc-backend (`https://cc.example.org`); a trailing `/` is ignored.
+    pub url: String,
+    /// JWT with the `api` role, sent as `X-Auth-Token`.
+    pub token: String,
+    /// Cluster of this service; empty registers in the infra scope.
+    pub cluster: String,
+    /// Hostname to register under; empty means the system hostname.
+    pub hostname: String,
+    /// Interval between heartbeats.
+    pub heartbeat_interval: Duration,
+    /// Interval between configuration polls.
+    pub config_poll_interval: Duration,
+    /// NATS subject for heartbeats; empty sends heartbeats over REST only.
+    pub heartbeat_subject: String,
+    /// Prefix of the discovery subjects.
+    pub discovery_subject_prefix: String,
+    /// File caching the last received configuration; `None` disables the cache.
+    pub cache_path: Option<PathBuf>,
+    /// Timeout of one HTTP request.
+    pub timeout: Duration,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The token is a credential; only say whether one is configured.
+        f.debug_struct("Config")
+            .field("url", &self.url)
+            .field(
+                "token",
+                &if self.token.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("cluster", &self.cluster)
+            .field("hostname", &self.hostname)
+            .field(
+                "heartbeat_interval",
+                &duration::GoDuration(self.heartbeat_interval),
+            )
+            .field(
+                "config_poll_interval",
+                &duration::GoDuration(self.config_poll_interval),
+            )
+            .field("heartbeat_subject", &self.heartbeat_subject)
+            .field("discovery_subject_prefix", &self.discovery_subject_prefix)
+            .field("cache_path", &self.cache_path)
+            .field("timeout", &duration::GoDuration(self.timeout))
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawConfig {
+    url: Option<String>,
+    token: Option<String>,
+    cluster: Option<String>,
+    hostname: Option<String>,
+    heartbeat_interval: Option<String>,
+    config_poll_interval: Option<String>,
+    heartbeat_subject: Option<String>,
+    discovery_subject_prefix: Option<String>,
+    cache_path: Option<String>,
+    timeout: Option<String>,
+}
+
+impl Config {
+    /// A configuration for `url` with every other key at its default.
+    pub fn new(url: impl Into<String>) -> Config {
+        Config {
+            url: url.into(),
+            token: String::new(),
+            cluster: String::new(),
+            hostname: String::new(),
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            config_poll_interval: DEFAULT_CONFIG_POLL_INTERVAL,
+            heartbeat_subject: String::new(),
+            discovery_subject_prefix: DEFAULT_DISCOVERY_PREFIX.to_owned(),
+            cache_path: None,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Parses the section from its JSON text.
+    pub fn from_json(raw: &str) -> Result<Config, ConfigError> {
+        if raw.trim().is_empty() {
+            return Err(ConfigError::Empty);
+        }
+        let raw: RawConfig = serde_json::from_str(raw).map_err(ConfigError::Decode)?;
+        Config::from_raw(raw)
+    }
+
+    /// Parses the section from an already decoded JSON value.
+    pub fn from_value(value: serde_json::Value) -> Result<Config, ConfigError> {
+        if value.is_null() {
+            return Err(ConfigError::Empty);
+        }
+        let raw: RawConfig = serde_json::from_value(value).map_err(ConfigError::Decode)?;
+        Config::from_raw(raw)
+    }
+
+    fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
+        let url = raw.url.unwrap_or_default();
+        if url.is_empty() {
+            return Err(ConfigError::MissingUrl);
+        }
+        let mut config = Config::new(url);
+        config.token = raw.token.unwrap_or_default();
+        config.cluster = raw.cluster.unwrap_or_default();
+        config.hostname = raw.hostname.unwrap_or_default();
+        config.heartbeat_subject = raw.heartbeat_subject.unwrap_or_default();
+        if let Some(prefix) = raw.discovery_subject_prefix.filter(|p| !p.is_empty()) {
+            config.discovery_subject_prefix = prefix;
+        }
+        config.cache_path = raw.cache_path.filter(|p| !p.is_empty()).map(PathBuf::from);
+        let durations = [
+            (
+                "heartbeat-interval",
+                raw.heartbeat_interval,
+                &mut config.heartbeat_interval,
+            ),
+            (
+                "config-poll-interval",
+                raw.config_poll_interval,
+                &mut config.config_poll_interval,
+            ),
+            ("timeout", raw.timeout, &mut config.timeout),
+        ];
+        for (key, value, slot) in durations {
+            // Go treats an empty string like an absent key.
+            if let Some(value) = value.filter(|v| !v.is_empty()) {
+                *slot = positive_duration(key, &value)?;
+            }
+        }
+        Ok(config)
+    }
+
+    /// Checks what the typed fields cannot express: a usable URL, positive durations and
+    /// names that are safe path components on the server.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        base_url(&self.url)?;
+        for (key, value) in [
+            ("heartbeat-interval", self.heartbeat_interval),
+            ("config-poll-interval", self.config_poll_interval),
+            ("timeout", self.timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::NotPositive {
+                    key,
+                    value: duration::format(value),
+                });
+            }
+        }
+        if !self.cluster.is_empty() && !crate::wire::safe_path_component(&self.cluster) {
+            return Err(ConfigError::UnsafeName {
+                key: "cluster",
+                value: self.cluster.clone(),
+            });
+        }
+        if !self.hostname.is_empty() && !crate::wire::safe_path_component(&self.hostname) {
+            return Err(ConfigError::UnsafeName {
+                key: "hostname",
+                value: self.hostname.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The token to send: `CC_FLEET_TOKEN` if set and non-empty, else the trimmed content of
+    /// the file named by `CC_FLEET_TOKEN_FILE` (unreadable or empty is an error, with no
+    /// fallback), else the configured `token`.
+    pub fn resolve_token(&self) -> Result<String, ConfigError> {
+        self.resolve_token_with(|name| std::env::var_os(name))
+    }
+
+    /// [`Config::resolve_token`] with an injected environment, so tests need not mutate the
+    /// process environment.
+    pub(crate) fn resolve_token_with(
+        &self,
+        env: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<String, ConfigError> {
+        if let Some(token) = env(ENV_TOKEN).filter(|t| !t.is_empty()) {
+            return Ok(token.to_string_lossy().into_owned());
+        }
+        if let Some(path) = env(ENV_TOKEN_FILE).filter(|p| !p.is_empty()) {
+            return read_token_file(Path::new(&path));
+        }
+        Ok(self.token.clone())
+    }
+
+    /// The hostname to register under: the configured one, else the system hostname.
+    pub fn effective_hostname(&self) -> Result<String, ConfigError> {
+        if !self.hostname.is_empty() {
+            return Ok(self.hostname.clone());
+        }
+        let name = system_hostname().map_err(ConfigError::Hostname)?;
+        if !crate::wire::safe_path_component(&name) {
+            return Err(ConfigError::UnsafeName {
+                key: "hostname",
+                value: name,
+            });
+        }
+        Ok(name)
+    }
+}
+
+fn positive_duration(key: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    let nanos = duration::parse_nanos(value).map_err(|source| ConfigError::InvalidDuration {
+        key,
+        value: value.to_owned(),
+        source,
+    })?;
+    match u64::try_from(nanos) {
+        Ok(n) if n > 0 => Ok(Duration::from_nanos(n)),
+        _ => Err(ConfigError::NotPositive {
+            key,
+            value: value.to_owned(),
+        }),
+    }
+}
+
+/// The base URL without trailing slashes, after checking it is absolute http(s) with a host.
+pub(crate) fn base_url(url: &str) -> Result<String, ConfigError> {
+    if url.is_empty() {
+        return Err(ConfigError::MissingUrl);
+    }
+    let parsed = reqwest::Url::parse(url).map_err(|_| ConfigError::InvalidUrl {
+        reason: "not an absolute URL",
+    })?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(ConfigError::InvalidUrl {
+            reason: "the scheme must be http or https",
+        });
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(ConfigError::InvalidUrl {
+            reason: "the host is missing",
+        });
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(ConfigError::InvalidUrl {
+            reason: "a query or fragment is not allowed",
+        });
+    }
+    Ok(url.trim_end_matches('/').to_owned())
+}
+
+fn read_token_file(path: &Path) -> Result<String, ConfigError> {
+    let content = std::fs::read_to_string(path).map_err(|source| ConfigError::TokenFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    let token = content.trim();
+    if token.is_empty() {
+        return Err(ConfigError::EmptyTokenFile {
+            path: path.to_owned(),
+        });
+    }
+    Ok(token.to_owned())
+}
+
+fn system_hostname() -> std::io::Result<String> {
+    // The kernel's view first; /etc/hostname covers systems without procfs.
+    let mut last_err = None;
+    for file in ["/proc/sys/kernel/hostname", "/etc/hostname"] {
+        match std::fs::read_to_string(file) {
+            Ok(name) if !name.trim().is_empty() => return Ok(name.trim().to_owned()),
+            Ok(_) => {}
+            Err(e) => last_err = Some(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| std::io::Error::other("the system hostname is empty")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let map: HashMap<String, OsString> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), OsString::from(v)))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn minimal_section_gets_defaults() {
+        let c = Config::from_json(r#"{"url":"https://cc.example.org"}"#).unwrap();
+        assert_eq!(c, Config::new("https://cc.example.org"));
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(30));
+        assert_eq!(c.config_poll_interval, Duration::from_secs(60));
+        assert_eq!(c.timeout, Duration::from_secs(10));
+        assert_eq!(c.discovery_subject_prefix, "cc.fleet.discovery");
+        assert!(c.cache_path.is_none());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn full_section_from_the_readme() {
+        let c = Config::from_json(
+            r#"{
+              "url": "https://cc.example.org",
+              "token": "jwt",
+              "cluster": "fritz",
+              "hostname": "f0101",
+              "heartbeat-interval": "1m30s",
+              "config-poll-interval": "1.5h",
+              "heartbeat-subject": "cc.fleet.event",
+              "discovery-subject-prefix": "site.disc",
+              "cache-path": "/var/lib/cc-metric-collector/fleet-config.json",
+              "timeout": "500ms"
+            }"#,
+        )
+        .unwrap();
+        assert_eq!(c.token, "jwt");
+        assert_eq!(c.cluster, "fritz");
+        assert_eq!(c.hostname, "f0101");
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(90));
+        assert_eq!(c.config_poll_interval, Duration::from_secs(5400));
+        assert_eq!(c.heartbeat_subject, "cc.fleet.event");
+        assert_eq!(c.discovery_subject_prefix, "site.disc");
+        assert_eq!(
+            c.cache_path.as_deref(),
+            Some(Path::new("/var/lib/cc-metric-collector/fleet-config.json"))
+        );
+        assert_eq!(c.timeout, Duration::from_millis(500));
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn from_value_matches_from_json() {
+        let v = serde_json::json!({"url": "http://h:8080/", "cluster": "alex"});
+        let a = Config::from_value(v.clone()).unwrap();
+        let b = Config::from_json(&v.to_string()).unwrap();
+        assert_eq!(a, b);
+        assert!(matches!(
+            Config::from_value(serde_json::Value::Null),
+            Err(ConfigError::Empty)
+        ));
+    }
+
+    #[test]
+    fn rejects_bad_sections() {
+        assert!(matches!(Config::from_json(""), Err(ConfigError::Empty)));
+        assert!(matches!(Config::from_json("  \n"), Err(ConfigError::Empty)));
+        assert!(matches!(
+            Config::from_json("{}"),
+            Err(ConfigError::MissingUrl)
+        ));
+        assert!(matches!(
+            Config::from_json(r#"{"url":""}"#),
+            Err(ConfigError::MissingUrl)
+        ));
+        let err = Config::from_json(r#"{"url":"https://x","bogus":1}"#).unwrap_err();
+        assert!(matches!(err, ConfigError::Decode(_)));
+        assert!(err.to_string().contains("bogus"), "{err}");
+        assert!(matches!(
+            Config::from_json(r#"{"url":"https://x","heartbeat-interval":"often"}"#),
+            Err(ConfigError::InvalidDuration {
+                key: "heartbeat-interval",
+                ..
+            })
+        ));
+        let err = Config::from_json(r#"{"url":"https://x","timeout":"-1s"}"#).unwrap_err();
+        assert!(matches!(
+            err,
+            ConfigError::NotPositive { key: "timeout", .. }
+        ));
+        assert_eq!(
+            err.to_string(),
+            r#"fleet: timeout must be positive, got "-1s""#
+        );
+        assert!(matches!(
+            Config::from_json(r#"{"url":"https://x","config-poll-interval":"0s"}"#),
+            Err(ConfigError::NotPositive { .. })
+        ));
+        assert!(matches!(
+            Config::from_json(r#"{"url":5}"#),
+            Err(ConfigError::Decode(_))
+        ));
+    }
+
+    #[test]
+    fn validate_checks_url_names_and_durations() {
+        for bad in [
+            "cc.example.org",
+            "ftp://cc.example.org",
+            "http://",
+            "https://h/?x=1",
+        ] {
+            let err = Config::new(bad).validate().unwrap_err();
+            assert!(
+                matches!(err, ConfigError::InvalidUrl { .. }),
+                "{bad}: {err}"
+            );
+        }
+        let mut c = Config::new("https://h");
+        c.hostname = "../etc".into();
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::UnsafeName {
+                key: "hostname",
+                ..
+            })
+        ));
+        c.hostname = "h1.example.org".into();
+        c.validate().unwrap();
+        c.cluster = "a/b".into();
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::UnsafeName { key: "cluster", .. })
+        ));
+        c.cluster = "fritz".into();
+        c.heartbeat_interval = Duration::ZERO;
+        assert!(matches!(c.validate(), Err(ConfigError::NotPositive { .. })));
+    }
+
+    #[test]
+    fn base_url_trims_trailing_slashes() {
+        assert_eq!(
+            base_url("https://cc.example.org//").unwrap(),
+            "https://cc.example.org"
+        );
+        assert_eq!(base_url("http://h:8080/cc").unwrap(), "http://h:8080/cc");
+    }
+
+    #[test]
+    fn invalid_url_message_does_not_echo_credentials() {
+        let err = Config::new("ftp://user:s3cret@h").validate().unwrap_err();
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+
+    #[test]
+    fn token_precedence() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "  from-file\n").unwrap();
+        let file_str = file.to_str().unwrap();
+        let mut c = Config::new("https://h");
+        c.token = "from-config".into();
+
+        assert_eq!(c.resolve_token_with(env(&[])).unwrap(), "from-config");
+        assert_eq!(
+            c.resolve_token_with(env(&[(ENV_TOKEN, "from-env"), (ENV_TOKEN_FILE, file_str)]))
+                .unwrap(),
+            "from-env"
+        );
+        assert_eq!(
+            c.resolve_token_with(env(&[(ENV_TOKEN, ""), (ENV_TOKEN_FILE, file_str)]))
+                .unwrap(),
+            "from-file"
+        );
+    }
+
+    #[test]
+    fn token_file_errors_do_not_fall_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let blank = dir.path().join("blank");
+        std::fs::write(&blank, " \n\t").unwrap();
+        let mut c = Config::new("https://h");
+        c.token = "from-config".into();
+        let err = c
+            .resolve_token_with(env(&[(ENV_TOKEN_FILE, blank.to_str().unwrap())]))
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::EmptyTokenFile { .. }));
+        let missing = dir.path().join("missing");
+        let err = c
+            .resolve_token_with(env(&[(ENV_TOKEN_FILE, missing.to_str().unwrap())]))
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::TokenFile { .. }));
+        assert!(!err.to_string().contains("from-config"));
+    }
+
+    #[test]
+    fn debug_redacts_the_token() {
+        let mut c = Config::new("https://h");
+        c.token = "eyJ-secret".into();
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("eyJ-secret"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+    }
+
+    #[test]
+    fn schema_lists_exactly_the_accepted_keys() {
+        let schema: serde_json::Value = serde_json::from_str(CONFIG_SCHEMA).unwrap();
+        assert_eq!(schema["required"], serde_json::json!(["url"]));
+        assert_eq!(schema["additionalProperties"], serde_json::json!(false));
+        let props = schema["properties"].as_object().unwrap();
+        assert_eq!(props.len(), 10);
+        for (key, prop) in props {
+            assert_eq!(prop["type"], "string", "{key}");
+            // Every key of the schema is accepted by the parser (with a value valid for it).
+            let value = if key.ends_with("interval") || key == "timeout" {
+                "5s"
+            } else if key == "url" {
+                "https://h"
+            } else {
+                "x"
+            };
+            let mut section = serde_json::json!({"url": "https://h"});
+            section[key] = serde_json::json!(value);
+            Config::from_value(section).unwrap_or_else(|e| panic!("{key}: {e}"));
+        }
+    }
+
+    #[test]
+    fn effective_hostname_prefers_the_configured_one() {
+        let mut c = Config::new("https://h");
+        c.hostname = "f0101".into();
+        assert_eq!(c.effective_hostname().unwrap(), "f0101");
+        c.hostname.clear();
+        let system = c.effective_hostname().unwrap();
+        assert!(!system.is_empty());
+    }
+}

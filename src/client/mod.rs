@@ -1,0 +1,321 @@
+//! The fleet client: a port of cc-lib's Go `fleet` client.
+//!
+//! A ClusterCockpit service uses it to
+//! - register with cc-backend and get an instance id,
+//! - receive its configuration from the central configuration tree, with ETag-based polling,
+//! - stay marked alive with heartbeats over NATS, or over REST when NATS is unavailable,
+//! - receive discovery rosters of the peers it depends on,
+//! - deregister on shutdown.
+//!
+//! ```no_run
+//! # async fn demo(raw_section: &str) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use ccfleet::client::{Client, Config, Options};
+//! use ccfleet::wire::ServiceType;
+//!
+//! let config = Config::from_json(raw_section)?;
+//! let client = Client::new(Options::new(config, ServiceType::MetricCollector))?;
+//! let initial = match client.bootstrap(Duration::from_secs(10)).await {
+//!     Ok(update) => update,
+//!     Err(e) if e.is_unreachable() => e.into_fallback(), // the cached configuration, or none
+//!     Err(e) => return Err(e.into()),
+//! };
+//! // apply initial.config ...
+//! let runner = client.clone();
+//! let run = tokio::spawn(async move { runner.run().await });
+//! let mut configs = client.configs();
+//! while let Some(update) = configs.recv().await {
+//!     // apply update.config; only sent when the configuration really changed
+//! #   break;
+//! }
+//! client.close(Duration::from_secs(5)).await?; // stops run, then deregisters
+//! run.await??;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Heartbeats go to the heartbeat subject while the NATS client is connected and over REST
+//! otherwise; a disconnected NATS client never buffers them. When cc-backend answers 404 (the
+//! id was rotated or deregistered), [`Client::run`] registers again and pulls the
+//! configuration at once; NATS heartbeats cannot detect this, so the config poll does.
+
+mod api;
+mod cache;
+pub mod config;
+pub mod error;
+mod http;
+pub mod latest;
+mod run;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+pub use config::{CONFIG_SCHEMA, Config, ConfigError};
+pub use error::{BootstrapError, Error, Op, StatusError};
+pub use latest::Latest;
+
+use crate::wire::{Provider, Scope, ServiceType};
+use cache::{Cache, Identity};
+use latest::Slot;
+use run::{Backoff, Lifecycle};
+
+/// Returns the application's current NATS client, or `None` while it has none.
+///
+/// Called on every use, so the application may replace its client at any time; the run loop
+/// subscribes again when a different client appears.
+pub type NatsProvider = Arc<dyn Fn() -> Option<async_nats::Client> + Send + Sync>;
+
+/// What [`Client::new`] needs.
+pub struct Options {
+    /// The local `fleet` section.
+    pub config: Config,
+    /// The type of this service.
+    pub service_type: ServiceType,
+    /// Metadata registered with the instance. It is broadcast unauthenticated in discovery
+    /// rosters: never put secrets here.
+    pub meta: BTreeMap<String, String>,
+    /// The application's NATS client; `None` sends every heartbeat over REST and receives no
+    /// rosters.
+    pub nats: Option<NatsProvider>,
+    /// The HTTP client to use; by default one with the configured timeout.
+    pub http_client: Option<reqwest::Client>,
+}
+
+impl Options {
+    /// Options with no metadata, no NATS and the default HTTP client.
+    pub fn new(config: Config, service_type: ServiceType) -> Options {
+        Options {
+            config,
+            service_type,
+            meta: BTreeMap::new(),
+            nats: None,
+            http_client: None,
+        }
+    }
+}
+
+impl fmt::Debug for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Options")
+            .field("config", &self.config)
+            .field("service_type", &self.service_type)
+            .field("meta", &self.meta)
+            .field("nats", &self.nats.as_ref().map(|_| "<provider>"))
+            .field("http_client", &self.http_client)
+            .finish()
+    }
+}
+
+/// Where a configuration came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Source {
+    /// Nothing is authored for this instance: run with the local configuration.
+    #[default]
+    None,
+    /// Received from cc-backend.
+    Fleet,
+    /// Read from the local cache because cc-backend was unreachable.
+    Cache,
+}
+
+impl Source {
+    /// `none`, `fleet` or `cache`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::None => "none",
+            Source::Fleet => "fleet",
+            Source::Cache => "cache",
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A configuration for the application.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Update {
+    /// The merged configuration as JSON text, exactly as cc-backend sent it; `None` for
+    /// [`Source::None`].
+    pub config: Option<String>,
+    /// The configuration revision (empty when none is known).
+    pub revision: String,
+    /// Where the configuration came from.
+    pub source: Source,
+}
+
+impl Update {
+    /// "Nothing authored": run with the local configuration.
+    pub fn none() -> Update {
+        Update::default()
+    }
+}
+
+impl fmt::Debug for Update {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The configuration may hold secrets; show only its size.
+        f.debug_struct("Update")
+            .field(
+                "config",
+                &self.config.as_ref().map(|c| format!("<{} bytes>", c.len())),
+            )
+            .field("revision", &self.revision)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+/// The mutable protocol state: who we are to cc-backend and what we last received.
+#[derive(Default)]
+struct State {
+    instance_id: Option<String>,
+    /// The ETag of `blob`, sent verbatim as `If-None-Match`.
+    etag: String,
+    revision: String,
+    blob: Option<String>,
+}
+
+struct Inner {
+    http: http::Http,
+    identity: Identity,
+    meta: BTreeMap<String, String>,
+    heartbeat_interval: Duration,
+    poll_interval: Duration,
+    heartbeat_subject: String,
+    discovery_subject: String,
+    cache: Option<Cache>,
+    nats: Option<NatsProvider>,
+    state: Mutex<State>,
+    backoff: Mutex<Backoff>,
+    lifecycle: watch::Sender<Lifecycle>,
+    configs: Slot<Update>,
+    rosters: Arc<Slot<Vec<Provider>>>,
+}
+
+/// A fleet member. Cheap to clone; all clones share one registration.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the instance id: it authenticates heartbeats.
+        f.debug_struct("Client")
+            .field("service_type", &self.inner.identity.service_type)
+            .field("scope", &self.inner.identity.scope)
+            .field("cluster", &self.inner.identity.cluster)
+            .field("hostname", &self.inner.identity.hostname)
+            .field("registered", &self.registered())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Validates the options and builds the client. Does no network I/O.
+    pub fn new(opts: Options) -> Result<Client, Error> {
+        let config = opts.config;
+        config.validate()?;
+        let base = config::base_url(&config.url)?;
+        let token = config.resolve_token()?;
+        let hostname = config.effective_hostname()?;
+        let http_client = match opts.http_client {
+            Some(client) => client,
+            None => {
+                // reqwest is built without a default crypto provider; ring is ours.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                reqwest::Client::builder()
+                    .timeout(config.timeout)
+                    .build()
+                    .map_err(Error::HttpClient)?
+            }
+        };
+        let identity = Identity {
+            service_type: opts.service_type,
+            scope: Scope::of_cluster(&config.cluster),
+            cluster: config.cluster.clone(),
+            hostname,
+        };
+        let discovery_subject = crate::wire::discovery_subject(
+            &config.discovery_subject_prefix,
+            crate::wire::bucket(&config.cluster),
+            opts.service_type,
+        );
+        let cache = config
+            .cache_path
+            .clone()
+            .map(|path| Cache::new(path, identity.clone()));
+        Ok(Client {
+            inner: Arc::new(Inner {
+                http: http::Http::new(http_client, base, &token, config.timeout)?,
+                identity,
+                meta: opts.meta,
+                heartbeat_interval: config.heartbeat_interval,
+                poll_interval: config.config_poll_interval,
+                heartbeat_subject: config.heartbeat_subject,
+                discovery_subject,
+                cache,
+                nats: opts.nats,
+                state: Mutex::new(State::default()),
+                backoff: Mutex::new(Backoff::default()),
+                lifecycle: watch::Sender::new(Lifecycle::default()),
+                configs: Slot::new(),
+                rosters: Arc::new(Slot::new()),
+            }),
+        })
+    }
+
+    /// `cluster`, or `infra` when no cluster is configured.
+    pub fn scope(&self) -> Scope {
+        self.inner.identity.scope
+    }
+
+    /// The service type this client registers as.
+    pub fn service_type(&self) -> ServiceType {
+        self.inner.identity.service_type
+    }
+
+    /// The hostname this client registers under.
+    pub fn hostname(&self) -> &str {
+        &self.inner.identity.hostname
+    }
+
+    /// The NATS subject rosters for this client arrive on.
+    pub fn discovery_subject(&self) -> &str {
+        &self.inner.discovery_subject
+    }
+
+    /// Whether the client currently holds an instance id.
+    pub fn registered(&self) -> bool {
+        self.inner.state().instance_id.is_some()
+    }
+
+    /// Configuration updates delivered by [`Client::run`]: only sent when the configuration
+    /// really changed, and an unread update is replaced by a newer one.
+    pub fn configs(&self) -> Latest<Update> {
+        self.inner.configs.subscribe()
+    }
+
+    /// Discovery rosters (full lists, not deltas); an unread roster is replaced by a newer one.
+    pub fn rosters(&self) -> Latest<Vec<Provider>> {
+        self.inner.rosters.subscribe()
+    }
+}
+
+impl Inner {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state stays consistent under every panic point (plain field assignments).
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
+        self.backoff.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
