@@ -197,6 +197,13 @@ impl Encoder {
         if let Err(e) = self.check_token("measurement", measurement) {
             return self.abort(e);
         }
+        // A leading `#` would read back as a comment, and no escape can prevent that.
+        if !self.lax && measurement.starts_with('#') {
+            return self.abort(EncodeError::InvalidToken {
+                what: "measurement",
+                value: measurement.to_owned(),
+            });
+        }
         escape::escape_measurement(measurement, &mut self.buf);
         Ok(())
     }
@@ -312,5 +319,35 @@ impl Encoder {
             self.add_field(k, v)?;
         }
         self.end_line(point.time)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_what_cannot_be_read_back() {
+        let mut enc = Encoder::new();
+        assert!(enc.start_line("#cpu").is_err());
+        enc.start_line("cpu").unwrap();
+        enc.add_tag("b", "1").unwrap();
+        assert_eq!(
+            enc.add_tag("a", "1"),
+            Err(EncodeError::TagOrder("a".into()))
+        );
+        enc.start_line("cpu").unwrap();
+        assert!(enc.add_tag("k", "v\\").is_err());
+        enc.start_line("cpu").unwrap();
+        assert!(enc.add_field("f", f64::NAN).is_err());
+        enc.start_line("cpu").unwrap();
+        assert_eq!(enc.end_line(None), Err(EncodeError::NoFields));
+        assert!(enc.is_empty(), "failed lines leave nothing behind");
+        enc.start_line("cpu").unwrap();
+        enc.add_field("n", 1i64).unwrap();
+        enc.add_field("u", 2u64).unwrap();
+        enc.add_field("s", "a\"b").unwrap();
+        enc.end_line(Some(5)).unwrap();
+        assert_eq!(enc.bytes(), b"cpu n=1i,u=2u,s=\"a\\\"b\" 5\n");
     }
 }

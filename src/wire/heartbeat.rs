@@ -255,8 +255,14 @@ fn canonical_heartbeat(rest: &[u8]) -> Option<(&str, usize)> {
         .iter()
         .position(|b| !b.is_ascii_digit())
         .unwrap_or(after_id.len());
-    // 18 digits always fit an i64; longer timestamps are checked by the full decoder.
-    if digits == 0 || digits > 18 {
+    // Up to 19 digits fit a u64; the full decoder handles anything longer.
+    if digits == 0 || digits > 19 {
+        return None;
+    }
+    let value = after_id[..digits]
+        .iter()
+        .fold(0u64, |acc, d| acc * 10 + u64::from(d - b'0'));
+    if value > i64::MAX as u64 {
         return None;
     }
     let newline = match after_id.get(digits) {

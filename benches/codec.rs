@@ -1,0 +1,263 @@
+//! Codec benchmarks: ccfleet's decoder against the crates.io `influxdb-line-protocol` crate
+//! (the InfluxDB IOx parser) on the same inputs in the same run, plus the fleet wire paths.
+//!
+//! Run with `cargo bench --bench codec`. Each benchmark reports lines/s and bytes/s.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::time::Duration;
+
+use ccfleet::lineproto::{Decoder, FieldValue};
+use ccfleet::wire::{self, Provider, ServiceType};
+use criterion::{
+    BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime,
+};
+
+const T: i64 = 1_734_000_000_000_000_000;
+
+struct Input {
+    name: &'static str,
+    text: String,
+    lines: u64,
+}
+
+fn instance_id(i: u64) -> String {
+    format!(
+        "{:016x}{:016x}",
+        i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        i ^ 0x5bd1_e995
+    )
+}
+
+fn heartbeats(n: u64) -> Input {
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.extend(wire::encode_heartbeat(T + i as i64, &[&instance_id(i)]).unwrap());
+    }
+    Input {
+        name: "heartbeat",
+        text: String::from_utf8(out).unwrap(),
+        lines: n,
+    }
+}
+
+fn providers(n: usize) -> Vec<Provider> {
+    (0..n)
+        .map(|i| Provider {
+            service_type: ServiceType::MetricStore,
+            hostname: format!("node{i:04}.cluster.example.org"),
+            state: "active".into(),
+            meta: BTreeMap::from([
+                ("port".to_owned(), "8080".to_owned()),
+                ("version".to_owned(), "1.4.0".to_owned()),
+            ]),
+        })
+        .collect()
+}
+
+fn rosters(n: u64) -> Input {
+    let list = providers(16);
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.extend(
+            wire::encode_roster("fritz", ServiceType::MetricCollector, &list, T + i as i64)
+                .unwrap(),
+        );
+    }
+    Input {
+        name: "roster",
+        text: String::from_utf8(out).unwrap(),
+        lines: n,
+    }
+}
+
+fn metrics(n: u64) -> Input {
+    let names = ["load_one", "cpu_user", "mem_used", "flops_any", "net_bw"];
+    let mut text = String::new();
+    for i in 0..n {
+        text.push_str(&format!(
+            "{},cluster=fritz,hostname=f{:04},type=node value={}.{} {}\n",
+            names[i as usize % names.len()],
+            i % 1000,
+            i % 97,
+            i % 1000,
+            1_734_000_000 + i
+        ));
+    }
+    Input {
+        name: "metric",
+        text,
+        lines: n,
+    }
+}
+
+fn long_strings(n: u64) -> Input {
+    let line = format!(
+        "name,tag1=baz,tag2=asdfvdfsvdsvdfs,tagvdsvd=hello field=\"{}\" 1602841605822791506\n",
+        "a".repeat(4500)
+    );
+    Input {
+        name: "long-string",
+        text: line.repeat(n as usize),
+        lines: n,
+    }
+}
+
+fn short_lines(n: u64) -> Input {
+    Input {
+        name: "go-many-short-lines",
+        text: "x,t=y y=1 1602841605822791506\n".repeat(n as usize),
+        lines: n,
+    }
+}
+
+fn ccfleet_decode(text: &[u8]) -> usize {
+    let mut sum = 0;
+    for line in Decoder::new(text) {
+        let line = line.expect("valid input");
+        sum += line.measurement().unescape().len();
+        for (k, v) in line.tags() {
+            sum += k.unescape().len() + v.unescape().len();
+        }
+        for (k, v) in line.fields() {
+            sum += k.unescape().len();
+            sum += match v {
+                FieldValue::String(s) => s.unescape().len(),
+                FieldValue::Float(f) => f as usize,
+                FieldValue::Int(i) => i as usize,
+                FieldValue::Uint(u) => u as usize,
+                FieldValue::Bool(b) => b as usize,
+            };
+        }
+        sum += line.time().unwrap_or_default() as usize;
+    }
+    sum
+}
+
+fn iox_decode(text: &str) -> usize {
+    use influxdb_line_protocol::FieldValue as F;
+    let mut sum = 0;
+    for line in influxdb_line_protocol::parse_lines(text) {
+        let line = line.expect("valid input");
+        sum += line.series.measurement.len();
+        if let Some(tags) = &line.series.tag_set {
+            for (k, v) in tags {
+                sum += k.len() + v.len();
+            }
+        }
+        for (k, v) in &line.field_set {
+            sum += k.len();
+            sum += match v {
+                F::String(s) => s.len(),
+                F::F64(f) => *f as usize,
+                F::I64(i) => *i as usize,
+                F::U64(u) => *u as usize,
+                F::Boolean(b) => *b as usize,
+            };
+        }
+        sum += line.timestamp.unwrap_or_default() as usize;
+    }
+    sum
+}
+
+fn configure(group: &mut BenchmarkGroup<'_, WallTime>, input: &Input) {
+    group.throughput(Throughput::ElementsAndBytes {
+        elements: input.lines,
+        bytes: input.text.len() as u64,
+    });
+}
+
+fn decode(c: &mut Criterion) {
+    for input in [
+        heartbeats(10_000),
+        rosters(1_000),
+        metrics(10_000),
+        long_strings(500),
+        short_lines(10_000),
+    ] {
+        assert_eq!(
+            ccfleet_decode(input.text.as_bytes()),
+            iox_decode(&input.text),
+            "{}",
+            input.name
+        );
+        let mut group = c.benchmark_group(format!("decode/{}", input.name));
+        configure(&mut group, &input);
+        group.bench_function("ccfleet", |b| {
+            b.iter(|| ccfleet_decode(black_box(input.text.as_bytes())))
+        });
+        group.bench_function("influxdb-line-protocol", |b| {
+            b.iter(|| iox_decode(black_box(&input.text)))
+        });
+        group.finish();
+    }
+}
+
+fn fleet(c: &mut Criterion) {
+    let beats = heartbeats(10_000);
+    let mut group = c.benchmark_group("decode_heartbeats");
+    configure(&mut group, &beats);
+    group.bench_function("scan_heartbeats", |b| {
+        b.iter(|| {
+            let mut accepted = 0usize;
+            wire::scan_heartbeats(black_box(beats.text.as_bytes()), |line| {
+                if let wire::HeartbeatLine::Accepted(id) = line {
+                    accepted += id.len();
+                }
+            })
+            .unwrap();
+            accepted
+        })
+    });
+    group.bench_function("decode_heartbeats", |b| {
+        b.iter(|| wire::decode_heartbeats(black_box(beats.text.as_bytes())).unwrap())
+    });
+    group.finish();
+
+    let roster = rosters(1);
+    let mut group = c.benchmark_group("decode_roster");
+    configure(&mut group, &roster);
+    group.bench_function("16-providers", |b| {
+        b.iter(|| wire::decode_roster(black_box(roster.text.as_bytes())).unwrap())
+    });
+    group.finish();
+
+    let ids: Vec<String> = (0..1_000).map(instance_id).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let encoded = wire::encode_heartbeat(T, &refs).unwrap();
+    let mut group = c.benchmark_group("encode_heartbeat");
+    group.throughput(Throughput::ElementsAndBytes {
+        elements: 1_000,
+        bytes: encoded.len() as u64,
+    });
+    let mut buf = Vec::with_capacity(encoded.len());
+    group.bench_function("1000-ids", |b| {
+        b.iter(|| {
+            buf.clear();
+            wire::encode_heartbeat_into(&mut buf, T, black_box(&refs)).unwrap();
+            buf.len()
+        })
+    });
+    group.finish();
+
+    let list = providers(16);
+    let one = wire::encode_roster("fritz", ServiceType::MetricCollector, &list, T).unwrap();
+    let mut group = c.benchmark_group("encode_roster");
+    group.throughput(Throughput::ElementsAndBytes {
+        elements: 1,
+        bytes: one.len() as u64,
+    });
+    group.bench_function("16-providers", |b| {
+        b.iter(|| {
+            wire::encode_roster("fritz", ServiceType::MetricCollector, black_box(&list), T).unwrap()
+        })
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    targets = decode, fleet
+}
+criterion_main!(benches);

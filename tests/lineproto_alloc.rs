@@ -1,0 +1,79 @@
+//! The hot paths allocate nothing per line: a counting global allocator watches them.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use ccfleet::lineproto::{Decoder, FieldValue};
+use ccfleet::wire;
+
+struct Counting;
+
+thread_local! {
+    // Per thread, so tests running in parallel do not count each other's allocations.
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        // SAFETY: forwards the caller's layout unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations_during(f: impl FnOnce()) -> usize {
+    let before = ALLOCATIONS.with(Cell::get);
+    f();
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+#[test]
+fn heartbeat_fan_in_allocates_nothing() {
+    let ids: Vec<String> = (0..1000).map(|i| format!("{i:032x}")).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let message = wire::encode_heartbeat(1_734_000_000_000_000_000, &refs).unwrap();
+    let mut accepted = 0;
+    let allocations = allocations_during(|| {
+        wire::scan_heartbeats(&message, |line| {
+            if let wire::HeartbeatLine::Accepted(id) = line {
+                accepted += usize::from(!id.is_empty());
+            }
+        })
+        .unwrap();
+    });
+    assert_eq!(accepted, 1000);
+    assert_eq!(allocations, 0, "scan_heartbeats allocated");
+}
+
+#[test]
+fn generic_decode_allocates_nothing_without_escapes() {
+    let text: String = (0..1000)
+        .map(|i| format!("load_one,cluster=fritz,hostname=f{i:04},type=node value={i}.5,ok=true,n={i}i,s=\"x y\" {i}\n"))
+        .collect();
+    let mut total = 0.0;
+    let mut scratch = String::with_capacity(64);
+    let allocations = allocations_during(|| {
+        for line in Decoder::new(text.as_bytes()) {
+            let line = line.unwrap();
+            total += line.measurement().unescape_with(&mut scratch).len() as f64;
+            for (k, v) in line.tags() {
+                total += (k.unescape().len() + v.unescape().len()) as f64;
+            }
+            for (_, v) in line.fields() {
+                if let FieldValue::Float(f) = v {
+                    total += f;
+                }
+            }
+        }
+    });
+    assert!(total > 0.0);
+    assert_eq!(allocations, 0, "decoding allocated");
+}
