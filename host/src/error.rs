@@ -24,7 +24,9 @@ pub enum HostError {
         path: PathBuf,
     },
     /// The file is a precompiled artifact, which the host only loads from its own cache.
-    #[error("{path} is a precompiled wasmtime artifact; give the plugin's component (.wasm) instead")]
+    #[error(
+        "{path} is a precompiled wasmtime artifact; give the plugin's component (.wasm) instead"
+    )]
     Precompiled {
         /// The file.
         path: PathBuf,

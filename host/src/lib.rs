@@ -23,7 +23,7 @@ pub use error::{Failure, HostError};
 pub use events::{EventKind, PluginEvent};
 pub use runtime::{LoadedPlugin, Runtime, RuntimeOptions};
 pub use spec::{Capabilities, Limits, PluginSpec};
-pub use supervisor::{Feeds, FeedSenders, PluginHandle, PluginState, PluginStatus};
+pub use supervisor::{FeedSenders, Feeds, PluginHandle, PluginState, PluginStatus};
 
 /// The snapshot types plugins receive, as generated from the WIT package.
 pub mod types {

@@ -210,11 +210,7 @@ impl Runtime {
         };
         let pre = linker.instantiate_pre(&component).map_err(incompatible)?;
         let pre = FleetPluginPre::new(pre).map_err(incompatible)?;
-        Ok(LoadedPlugin {
-            pre,
-            hash,
-            cached,
-        })
+        Ok(LoadedPlugin { pre, hash, cached })
     }
 
     /// Creates a fresh store for one instantiation of a plugin.
@@ -256,10 +252,11 @@ impl Runtime {
             table: wasmtime::component::ResourceTable::new(),
             wasi,
         };
-        let mut store = Store::try_new(&self.inner.engine, state).map_err(|e| HostError::Store {
-            plugin: plugin.to_string(),
-            reason: format!("{e:#}"),
-        })?;
+        let mut store =
+            Store::try_new(&self.inner.engine, state).map_err(|e| HostError::Store {
+                plugin: plugin.to_string(),
+                reason: format!("{e:#}"),
+            })?;
         store.limiter(|s| &mut s.limiter);
         // Lifting an `emit` batch is the largest allocation a plugin can make the host do;
         // bound it by the batch limit (plus room for the records themselves).

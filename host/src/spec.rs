@@ -86,7 +86,12 @@ impl PluginSpec {
         if !self.capabilities.read_dirs.is_empty() && !self.capabilities.wasi {
             return fail("capabilities.read-dirs needs capabilities.wasi = true".to_owned());
         }
-        if let Some(dir) = self.capabilities.read_dirs.iter().find(|d| !d.is_absolute()) {
+        if let Some(dir) = self
+            .capabilities
+            .read_dirs
+            .iter()
+            .find(|d| !d.is_absolute())
+        {
             return fail(format!(
                 "capabilities.read-dirs entry {} must be an absolute path",
                 dir.display()
@@ -223,14 +228,16 @@ mod tests {
     fn rejects_unknown_keys_and_ungranted_dirs() {
         assert!(serde_json::from_str::<PluginSpec>(r#"{"path":"p","colour":1}"#).is_err());
         let spec: PluginSpec =
-            serde_json::from_str(r#"{"path":"p","capabilities":{"read-dirs":["/proc"]}}"#)
-                .unwrap();
+            serde_json::from_str(r#"{"path":"p","capabilities":{"read-dirs":["/proc"]}}"#).unwrap();
         let err = spec.validate().unwrap_err().to_string();
         assert!(err.contains("needs capabilities.wasi"), "{err}");
     }
 
     #[test]
     fn name_defaults_to_the_file_stem() {
-        assert_eq!(PluginSpec::new("/x/roster-logger.wasm").display_name(), "roster-logger");
+        assert_eq!(
+            PluginSpec::new("/x/roster-logger.wasm").display_name(),
+            "roster-logger"
+        );
     }
 }

@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Interval, MissedTickBehavior};
 use wasmtime::Store;
 
+use crate::Failure;
 use crate::bindings::FleetPlugin;
 use crate::events::{EventKind, PluginEvent};
 use crate::runtime::{FileStamp, LoadedPlugin, Runtime};
@@ -22,7 +23,6 @@ use crate::sink::SinkHandle;
 use crate::spec::{Limits, PluginSpec};
 use crate::state::{HostState, MemoryLimitExceeded};
 use crate::types::{ConfigUpdate, Instance as DiscoveredInstance, Provider};
-use crate::Failure;
 
 /// Extra wall-clock time allowed past the CPU deadline before the call's future is dropped:
 /// epoch interruption normally ends the call first; the timeout catches calls blocked in the
@@ -268,9 +268,11 @@ impl Instance {
             .map_err(|e| Failure::Setup(e.to_string()))?;
         let limit = spec.limits.call_timeout;
         store.data_mut().deadline = Instant::now() + limit;
-        let outcome =
-            tokio::time::timeout(limit + TIMEOUT_GRACE, loaded.pre.instantiate_async(&mut store))
-                .await;
+        let outcome = tokio::time::timeout(
+            limit + TIMEOUT_GRACE,
+            loaded.pre.instantiate_async(&mut store),
+        )
+        .await;
         let bindings = match outcome {
             Ok(Ok(bindings)) => bindings,
             Ok(Err(error)) => return Err(failure_of("instantiate", limit, &error)),
@@ -288,7 +290,8 @@ impl Instance {
         };
         let config = spec.config.to_string();
         match guarded!(&mut instance, "init", |guest, store| guest
-            .call_init(store, &config)) {
+            .call_init(store, &config))
+        {
             Ok(Ok(())) => Ok(instance),
             Ok(Err(message)) => Err(Failure::Init(message)),
             Err(failure) => Err(failure),
@@ -454,7 +457,11 @@ impl Supervisor {
             .await
             {
                 Ok(mut instance) => {
-                    tracing::info!(plugin = &*self.name, generation = self.generation, "plugin started");
+                    tracing::info!(
+                        plugin = &*self.name,
+                        generation = self.generation,
+                        "plugin started"
+                    );
                     self.event(EventKind::Started);
                     self.set_state(PluginState::Running, None);
                     self.serve(&mut instance, &current).await
@@ -467,11 +474,16 @@ impl Supervisor {
                     tracing::info!(plugin = &*self.name, hash = %next.hash, "plugin file changed; reloading");
                     self.event(EventKind::Reloading);
                     self.policy.reset();
-                    self.status.send_modify(|s| s.hash = Some(next.hash.clone()));
+                    self.status
+                        .send_modify(|s| s.hash = Some(next.hash.clone()));
                     loaded = Some(next);
                 }
                 Exit::Failed(failure) => {
-                    tracing::warn!(plugin = &*self.name, kind = failure.kind(), "plugin failed: {failure}");
+                    tracing::warn!(
+                        plugin = &*self.name,
+                        kind = failure.kind(),
+                        "plugin failed: {failure}"
+                    );
                     self.event(EventKind::Crashed {
                         failure: failure.clone(),
                     });
@@ -518,7 +530,8 @@ impl Supervisor {
                         hash: loaded.hash.clone(),
                         cached: loaded.cached,
                     });
-                    self.status.send_modify(|s| s.hash = Some(loaded.hash.clone()));
+                    self.status
+                        .send_modify(|s| s.hash = Some(loaded.hash.clone()));
                     return Some(loaded);
                 }
                 Err(error) => {
@@ -720,10 +733,22 @@ mod tests {
         assert_eq!(
             delays,
             vec![
-                Decision::Restart { delay: ms(100), restarts: 1 },
-                Decision::Restart { delay: ms(200), restarts: 2 },
-                Decision::Restart { delay: ms(350), restarts: 3 },
-                Decision::Restart { delay: ms(350), restarts: 4 },
+                Decision::Restart {
+                    delay: ms(100),
+                    restarts: 1
+                },
+                Decision::Restart {
+                    delay: ms(200),
+                    restarts: 2
+                },
+                Decision::Restart {
+                    delay: ms(350),
+                    restarts: 3
+                },
+                Decision::Restart {
+                    delay: ms(350),
+                    restarts: 4
+                },
                 Decision::Quarantine { restarts: 4 },
             ]
         );
@@ -733,14 +758,20 @@ mod tests {
     fn a_healthy_period_restores_the_budget() {
         let mut p = policy(1);
         let t0 = Instant::now();
-        assert!(matches!(p.on_failure(t0, t0), Decision::Restart { restarts: 1, .. }));
+        assert!(matches!(
+            p.on_failure(t0, t0),
+            Decision::Restart { restarts: 1, .. }
+        ));
         // Failing again right away spends nothing more: quarantine.
         assert!(matches!(p.on_failure(t0, t0), Decision::Quarantine { .. }));
         // An instance that ran for the healthy period starts over with a full budget.
         let later = t0 + Duration::from_secs(61);
         assert_eq!(
             p.on_failure(t0, later),
-            Decision::Restart { delay: Duration::from_millis(100), restarts: 1 }
+            Decision::Restart {
+                delay: Duration::from_millis(100),
+                restarts: 1
+            }
         );
     }
 

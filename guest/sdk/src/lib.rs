@@ -243,7 +243,7 @@ macro_rules! export_plugin {
                 }
             }
 
-            $crate::bindings::__export_plugin_world!(Export with_types_in $crate::bindings);
+    $crate::bindings::__export_plugin_world!(Export with_types_in $crate::bindings);
         };
     };
 }

@@ -20,7 +20,9 @@ fn number(config: &str, key: &str) -> Option<usize> {
     pattern.push('"');
     let rest = &config[config.find(&pattern)? + pattern.len()..];
     let rest = rest.trim_start().strip_prefix(':')?.trim_start();
-    let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
     rest[..end].parse().ok()
 }
 
@@ -48,7 +50,12 @@ impl Plugin for OversizedEmit {
             })
             .collect();
         if let Err(refused) = emit(&batch) {
-            log!(Level::Warn, "emit of {} points refused: {}", batch.len(), refused);
+            log!(
+                Level::Warn,
+                "emit of {} points refused: {}",
+                batch.len(),
+                refused
+            );
             return Err(refused);
         }
         Ok(())

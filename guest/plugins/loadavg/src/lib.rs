@@ -54,13 +54,19 @@ impl Plugin for LoadAvg {
             None => match std::fs::read_to_string("/proc/sys/kernel/hostname") {
                 Ok(name) => name.trim().to_owned(),
                 Err(e) => {
-                    log!(Level::Warn, "cannot read the hostname ({e}); using `localhost`");
+                    log!(
+                        Level::Warn,
+                        "cannot read the hostname ({e}); using `localhost`"
+                    );
                     "localhost".to_owned()
                 }
             },
         };
         let cluster = string_key(&config, "cluster")?;
-        log!(Level::Info, "loadavg ready: reading {path} as host {hostname}");
+        log!(
+            Level::Info,
+            "loadavg ready: reading {path} as host {hostname}"
+        );
         Ok(LoadAvg {
             path,
             hostname,

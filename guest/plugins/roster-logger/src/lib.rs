@@ -59,8 +59,10 @@ impl Plugin for RosterLogger {
     }
 
     fn on_roster(&mut self, providers: Vec<Provider>) -> Result<(), String> {
-        let mut roster: Vec<(String, String)> =
-            providers.iter().map(|p| (key(p), p.state.clone())).collect();
+        let mut roster: Vec<(String, String)> = providers
+            .iter()
+            .map(|p| (key(p), p.state.clone()))
+            .collect();
         roster.sort();
         roster.dedup_by(|a, b| a.0 == b.0);
         let joined: Vec<&str> = roster

@@ -1,0 +1,582 @@
+//! The plugin host against real components built from guest/ during the test run.
+
+#[path = "support/guests.rs"]
+mod guests;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ccfleet::lineproto::{Decoder, FieldValue as LpValue};
+use ccfleet_host::events::EventKind;
+use ccfleet_host::sink::{self, Batch, BatchReceiver};
+use ccfleet_host::types::{ConfigUpdate, Level, Provider, Source};
+use ccfleet_host::{
+    Failure, FeedSenders, HostError, PluginEvent, PluginSpec, PluginState, Runtime, RuntimeOptions,
+};
+use tokio::sync::broadcast;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn runtime(cache: &Path) -> Runtime {
+    Runtime::new(RuntimeOptions {
+        cache_dir: Some(cache.to_path_buf()),
+        watch_interval: Duration::from_millis(50),
+        ..RuntimeOptions::default()
+    })
+    .expect("runtime")
+}
+
+fn spec(component: &str) -> PluginSpec {
+    let mut spec = PluginSpec::new(guests::component(component));
+    spec.limits.restart_backoff = Duration::from_millis(10);
+    spec.limits.max_restart_backoff = Duration::from_millis(50);
+    spec
+}
+
+fn config(revision: &str, body: &str) -> ConfigUpdate {
+    ConfigUpdate {
+        config: Some(body.to_owned()),
+        revision: revision.to_owned(),
+        source: Source::Fleet,
+    }
+}
+
+fn provider(service_type: &str, hostname: &str) -> Provider {
+    Provider {
+        service_type: service_type.to_owned(),
+        hostname: hostname.to_owned(),
+        state: "active".to_owned(),
+        meta: vec![("port".to_owned(), "8080".to_owned())],
+    }
+}
+
+/// Waits for the first event of `plugin` matching `pred`, skipping others.
+async fn wait_for(
+    events: &mut broadcast::Receiver<PluginEvent>,
+    plugin: &str,
+    what: &str,
+    pred: impl Fn(&PluginEvent) -> bool,
+) -> PluginEvent {
+    let found = tokio::time::timeout(WAIT, async {
+        loop {
+            match events.recv().await {
+                Ok(event) if &*event.plugin == plugin && pred(&event) => return event,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("event channel closed"),
+            }
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("timed out waiting for {plugin}: {what}"))
+}
+
+fn is_log(event: &PluginEvent, needle: &str) -> bool {
+    matches!(&event.kind, EventKind::Log { message, .. } if message.contains(needle))
+}
+
+async fn next_batch(rx: &mut BatchReceiver) -> Batch {
+    tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .expect("timed out waiting for a metric batch")
+        .expect("sink closed")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_and_roster_reach_the_plugin() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let mut events = runtime.subscribe();
+    let (sink, _rx) = sink::channel(16);
+    let feeds = FeedSenders::new();
+    feeds.set_config(config("7", r#"{"interval":"10s"}"#));
+    let plugin = runtime.spawn(spec("roster-logger"), feeds.subscribe(), sink);
+
+    let name = plugin.name().to_owned();
+    wait_for(&mut events, &name, "ready log", |e| {
+        is_log(e, "roster-logger ready")
+    })
+    .await;
+    // A value published before the plugin started is replayed to it.
+    let logged = wait_for(&mut events, &name, "config log", |e| {
+        is_log(e, "config revision 7 from fleet (18 bytes)")
+    })
+    .await;
+    assert_eq!(logged.generation, 1);
+    assert!(matches!(
+        &logged.kind,
+        EventKind::Log {
+            level: Level::Info,
+            ..
+        }
+    ));
+
+    feeds.set_roster(vec![provider("ccms", "m1"), provider("ccb", "b1")]);
+    wait_for(&mut events, &name, "first roster", |e| {
+        is_log(
+            e,
+            "roster: 2 providers; joined: [ccb/b1, ccms/m1]; left: []",
+        )
+    })
+    .await;
+    feeds.set_roster(vec![provider("ccms", "m1"), provider("ccms", "m2")]);
+    wait_for(&mut events, &name, "second roster", |e| {
+        is_log(e, "roster: 2 providers; joined: [ccms/m2]; left: [ccb/b1]")
+    })
+    .await;
+    feeds.set_config(config("8", "{}"));
+    wait_for(&mut events, &name, "delivery event", |e| {
+        e.kind
+            == EventKind::ConfigDelivered {
+                revision: "8".to_owned(),
+            }
+    })
+    .await;
+    let status = plugin.status().borrow().clone();
+    assert_eq!(status.state, PluginState::Running);
+    assert_eq!(status.restarts, 0);
+    plugin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trapped_plugin_is_restarted_and_replayed() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let mut events = runtime.subscribe();
+    let (sink, _rx) = sink::channel(16);
+    let feeds = FeedSenders::new();
+    let mut spec = spec("hostile-trap");
+    spec.collect_interval = Some(Duration::from_millis(100));
+    let plugin = runtime.spawn(spec, feeds.subscribe(), sink);
+    let name = plugin.name().to_owned();
+
+    wait_for(&mut events, &name, "first start", |e| {
+        e.kind == EventKind::Started
+    })
+    .await;
+    feeds.set_config(config("3", r#"{"a":1}"#));
+    feeds.set_roster(vec![provider("ccms", "m1"), provider("ccms", "m2")]);
+    wait_for(&mut events, &name, "roster in generation 1", |e| {
+        e.generation == 1 && is_log(e, "roster: 2 providers")
+    })
+    .await;
+
+    let crash = wait_for(&mut events, &name, "trap", |e| {
+        matches!(e.kind, EventKind::Crashed { .. })
+    })
+    .await;
+    let EventKind::Crashed { failure } = crash.kind else {
+        unreachable!()
+    };
+    assert!(
+        matches!(&failure, Failure::Trap { call: "collect", message } if message.contains("unreachable")),
+        "{failure:?}"
+    );
+
+    // The new instance is replayed the latest snapshots before anything else.
+    let generation = crash.generation + 1;
+    wait_for(&mut events, &name, "restart", |e| {
+        e.generation == generation && e.kind == EventKind::Started
+    })
+    .await;
+    wait_for(&mut events, &name, "config replay", |e| {
+        e.generation == generation && is_log(e, "config revision 3")
+    })
+    .await;
+    wait_for(&mut events, &name, "roster replay", |e| {
+        e.generation == generation && is_log(e, "roster: 2 providers")
+    })
+    .await;
+    plugin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_loop_is_stopped_at_its_deadline_while_others_keep_running() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let mut events = runtime.subscribe();
+    let (sink, _rx) = sink::channel(16);
+    let feeds = FeedSenders::new();
+    let mut spinner = spec("hostile-loop");
+    spinner.limits.call_timeout = Duration::from_millis(200);
+    spinner.limits.restart_budget = 1;
+    let spinner = runtime.spawn(spinner, feeds.subscribe(), sink.clone());
+    let logger = runtime.spawn(spec("roster-logger"), feeds.subscribe(), sink);
+    for name in [spinner.name(), logger.name()] {
+        wait_for(&mut events, name, "start", |e| e.kind == EventKind::Started).await;
+    }
+
+    // The two plugins' events interleave; each is followed on its own receiver.
+    let mut logger_events = runtime.subscribe();
+    feeds.set_config(config("1", "{}"));
+    let started = Instant::now();
+    let crash = wait_for(&mut events, spinner.name(), "deadline", |e| {
+        matches!(e.kind, EventKind::Crashed { .. })
+    })
+    .await;
+    let elapsed = started.elapsed();
+    assert_eq!(
+        crash.kind,
+        EventKind::Crashed {
+            failure: Failure::Deadline {
+                call: "on-config",
+                limit: Duration::from_millis(200)
+            }
+        }
+    );
+    // Not a performance bound: it shows the call was cut off rather than left spinning.
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "stopped after {elapsed:?}"
+    );
+
+    // The other plugin got the same snapshot and keeps getting new ones.
+    wait_for(&mut logger_events, logger.name(), "config 1", |e| {
+        is_log(e, "config revision 1 from fleet")
+    })
+    .await;
+    feeds.set_config(config("2", "{}"));
+    wait_for(&mut logger_events, logger.name(), "config 2", |e| {
+        is_log(e, "config revision 2 from fleet")
+    })
+    .await;
+
+    // The spinner is replayed revision 2 after its restart, spins again and, with its budget
+    // of one restart spent, is quarantined.
+    wait_for(&mut events, spinner.name(), "quarantine", |e| {
+        e.kind == EventKind::Quarantined { restarts: 1 }
+    })
+    .await;
+    assert_eq!(spinner.status().borrow().state, PluginState::Quarantined);
+    assert_eq!(logger.status().borrow().state, PluginState::Running);
+    spinner.stop().await;
+    logger.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_bomb_is_refused_at_its_limit() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let mut events = runtime.subscribe();
+    let (sink, _rx) = sink::channel(16);
+    let feeds = FeedSenders::new();
+    let mut bomb = spec("hostile-memory-bomb");
+    bomb.limits.memory_mb = 16;
+    bomb.limits.restart_budget = 0;
+    let bomb = runtime.spawn(bomb, feeds.subscribe(), sink);
+    feeds.set_config(config("1", "{}"));
+    let crash = wait_for(&mut events, bomb.name(), "memory limit", |e| {
+        matches!(e.kind, EventKind::Crashed { .. })
+    })
+    .await;
+    let EventKind::Crashed { failure } = crash.kind else {
+        unreachable!()
+    };
+    match failure {
+        Failure::MemoryLimit {
+            call,
+            limit,
+            requested,
+        } => {
+            assert_eq!(call, "on-config");
+            assert_eq!(limit, 16 << 20);
+            assert!(requested > limit);
+        }
+        other => panic!("expected a memory-limit failure, got {other:?}"),
+    }
+    wait_for(&mut events, bomb.name(), "quarantine", |e| {
+        matches!(e.kind, EventKind::Quarantined { .. })
+    })
+    .await;
+    bomb.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasi_is_granted_only_by_configuration() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+
+    // No grant: the component, which imports WASI, is refused at load.
+    let error = runtime.load(&spec("loadavg")).await.err().expect("refused");
+    assert!(
+        matches!(&error, HostError::WasiNotGranted { import, .. } if import.starts_with("wasi:")),
+        "{error}"
+    );
+    assert!(error.to_string().contains("grants no WASI"), "{error}");
+
+    // WASI without directories: it runs, but cannot open /proc/loadavg.
+    let mut events = runtime.subscribe();
+    let (sink, mut rx) = sink::channel(16);
+    let feeds = FeedSenders::new();
+    let mut blind = spec("loadavg");
+    blind.name = Some("blind".to_owned());
+    blind.capabilities.wasi = true;
+    blind.config = serde_json::json!({"hostname": "n1"});
+    blind.collect_interval = Some(Duration::from_millis(50));
+    let blind = runtime.spawn(blind, feeds.subscribe(), sink.clone());
+    let failed = wait_for(&mut events, "blind", "collect failure", |e| {
+        matches!(
+            e.kind,
+            EventKind::CallFailed {
+                call: "collect",
+                ..
+            }
+        )
+    })
+    .await;
+    let EventKind::CallFailed { message, .. } = failed.kind else {
+        unreachable!()
+    };
+    assert!(message.contains("cannot read /proc/loadavg"), "{message}");
+    blind.stop().await;
+    assert!(
+        rx.try_recv().is_err(),
+        "nothing may be emitted without the file"
+    );
+
+    // Granting /proc read-only: real load averages in cc-metric-store's shape.
+    let mut granted = spec("loadavg");
+    granted.capabilities.wasi = true;
+    granted.capabilities.read_dirs = vec!["/proc".into()];
+    granted.config = serde_json::json!({"hostname": "n1", "cluster": "fritz"});
+    granted.collect_interval = Some(Duration::from_millis(50));
+    let granted = runtime.spawn(granted, feeds.subscribe(), sink);
+    let batch = next_batch(&mut rx).await;
+    assert_eq!(&*batch.plugin, "loadavg");
+    assert_eq!(batch.points, 3);
+    let mut names = Vec::new();
+    for line in Decoder::new(&batch.lines) {
+        let line = line.expect("valid line protocol");
+        names.push(line.measurement().unescape().into_owned());
+        let tags: Vec<(String, String)> = line
+            .tags()
+            .map(|(k, v)| (k.raw().to_owned(), v.unescape().into_owned()))
+            .collect();
+        assert_eq!(
+            tags,
+            [("cluster", "fritz"), ("hostname", "n1"), ("type", "node")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        let fields: Vec<_> = line.fields().collect();
+        assert_eq!(fields.len(), 1);
+        assert_eq!(fields[0].0.raw(), "value");
+        assert!(matches!(fields[0].1, LpValue::Float(v) if v >= 0.0));
+        assert!(line.time().is_some());
+    }
+    assert_eq!(names, ["load_one", "load_five", "load_fifteen"]);
+    granted.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_component_is_hot_reloaded() {
+    let cache = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let mut events = runtime.subscribe();
+    let (sink, _rx) = sink::channel(16);
+    let feeds = FeedSenders::new();
+    feeds.set_config(config("5", "{}"));
+    let path = dir.path().join("live.wasm");
+    std::fs::copy(guests::component("roster-logger"), &path).unwrap();
+    let mut live = PluginSpec::new(&path);
+    live.limits.restart_backoff = Duration::from_millis(10);
+    let plugin = runtime.spawn(live, feeds.subscribe(), sink);
+
+    wait_for(&mut events, "live", "old version", |e| {
+        is_log(e, "config revision 5 from fleet")
+    })
+    .await;
+    let old_hash = plugin.status().borrow().hash.clone().expect("hash");
+
+    // Replace the file the way a deployment would: write aside, rename over.
+    let staged = dir.path().join("live.wasm.new");
+    std::fs::copy(guests::component("hostile-trap"), &staged).unwrap();
+    std::fs::rename(&staged, &path).unwrap();
+    wait_for(&mut events, "live", "reload", |e| {
+        e.kind == EventKind::Reloading
+    })
+    .await;
+    // The new version (which logs "config revision N" without a source) gets the replay.
+    let replayed = wait_for(
+        &mut events,
+        "live",
+        "new version",
+        |e| matches!(&e.kind, EventKind::Log { message, .. } if message == "config revision 5"),
+    )
+    .await;
+    assert_eq!(replayed.generation, 2);
+    let new_hash = plugin.status().borrow().hash.clone().expect("hash");
+    assert_ne!(old_hash, new_hash);
+
+    // A broken file does not take the running version down.
+    std::fs::write(&staged, b"\0asm\x0d\0\x01\0broken").unwrap();
+    std::fs::rename(&staged, &path).unwrap();
+    let failed = wait_for(&mut events, "live", "reload failure", |e| {
+        matches!(e.kind, EventKind::ReloadFailed { .. })
+    })
+    .await;
+    assert_eq!(failed.generation, 2);
+    assert_eq!(plugin.status().borrow().state, PluginState::Running);
+    plugin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_component_is_rejected_with_a_clear_error() {
+    let cache = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+
+    let garbage = dir.path().join("garbage.wasm");
+    std::fs::write(&garbage, b"this is not wasm").unwrap();
+    let error = runtime
+        .load(&PluginSpec::new(&garbage))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(error, HostError::InvalidComponent { .. }),
+        "{error}"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("garbage.wasm is not a valid WebAssembly component"),
+        "{text}"
+    );
+
+    let module = dir.path().join("module.wasm");
+    std::fs::write(&module, b"\0asm\x01\0\0\0").unwrap();
+    let error = runtime.load(&PluginSpec::new(&module)).await.err().unwrap();
+    assert!(
+        error
+            .to_string()
+            .contains("core WebAssembly module, not a component"),
+        "{error}"
+    );
+
+    let missing = dir.path().join("missing.wasm");
+    let error = runtime
+        .load(&PluginSpec::new(&missing))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        error.to_string().starts_with("cannot read plugin file"),
+        "{error}"
+    );
+
+    // A supervised plugin with a bad file reports it and waits for a fix.
+    let mut events = runtime.subscribe();
+    let (sink, _rx) = sink::channel(4);
+    let feeds = FeedSenders::new();
+    let plugin = runtime.spawn(PluginSpec::new(&garbage), feeds.subscribe(), sink);
+    let failed = wait_for(&mut events, "garbage", "load failure", |e| {
+        matches!(e.kind, EventKind::LoadFailed { .. })
+    })
+    .await;
+    assert!(
+        matches!(&failed.kind, EventKind::LoadFailed { error } if error.contains("not a valid"))
+    );
+    assert_eq!(plugin.status().borrow().state, PluginState::LoadFailed);
+    std::fs::copy(guests::component("roster-logger"), &garbage).unwrap();
+    wait_for(&mut events, "garbage", "start after fix", |e| {
+        e.kind == EventKind::Started
+    })
+    .await;
+    plugin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_emit_is_refused_and_nothing_is_sent() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let mut events = runtime.subscribe();
+    let (sink, mut rx) = sink::channel(16);
+    let feeds = FeedSenders::new();
+
+    // Over the point limit: `emit` fails, the plugin survives.
+    let mut flood = spec("hostile-oversized-emit");
+    flood.name = Some("flood".to_owned());
+    flood.config = serde_json::json!({"points": 5000});
+    flood.limits.max_points = 1000;
+    flood.collect_interval = Some(Duration::from_millis(50));
+    let flood = runtime.spawn(flood, feeds.subscribe(), sink.clone());
+    let refused = wait_for(&mut events, "flood", "refusal", |e| {
+        matches!(e.kind, EventKind::EmitRefused { .. })
+    })
+    .await;
+    assert_eq!(
+        refused.kind,
+        EventKind::EmitRefused {
+            reason: "batch of 5000 points exceeds this plugin's limit of 1000".to_owned()
+        }
+    );
+    wait_for(&mut events, "flood", "plugin's own error", |e| {
+        matches!(&e.kind, EventKind::CallFailed { call: "collect", message } if message.contains("exceeds"))
+    })
+    .await;
+    assert_eq!(flood.status().borrow().state, PluginState::Running);
+    flood.stop().await;
+
+    // Far over the byte limit: lifting the batch alone would exceed what the host allocates
+    // for the plugin, so the call traps and the store is dropped.
+    let mut huge = spec("hostile-oversized-emit");
+    huge.name = Some("huge".to_owned());
+    huge.config = serde_json::json!({"points": 64, "text-bytes": 65536});
+    huge.limits.max_emit_bytes = 256 << 10;
+    huge.limits.restart_budget = 0;
+    huge.collect_interval = Some(Duration::from_millis(50));
+    let huge = runtime.spawn(huge, feeds.subscribe(), sink);
+    let crash = wait_for(&mut events, "huge", "trap", |e| {
+        matches!(e.kind, EventKind::Crashed { .. })
+    })
+    .await;
+    assert!(
+        matches!(
+            &crash.kind,
+            EventKind::Crashed {
+                failure: Failure::Trap {
+                    call: "collect",
+                    ..
+                }
+            }
+        ),
+        "{crash:?}"
+    );
+    huge.stop().await;
+    assert!(rx.try_recv().is_err(), "no batch may reach the sink");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compiled_components_are_cached_on_disk() {
+    let cache = tempfile::tempdir().unwrap();
+    let spec = spec("roster-logger");
+    let first = runtime(cache.path()).load(&spec).await.unwrap();
+    assert!(!first.cached);
+    let entries = std::fs::read_dir(cache.path()).unwrap().count();
+    assert_eq!(entries, 1);
+    // A new runtime (as after an agent restart) takes the compiled code from disk.
+    let second = runtime(cache.path()).load(&spec).await.unwrap();
+    assert!(second.cached);
+    assert_eq!(first.hash, second.hash);
+
+    // The cached code is used for real: the plugin runs.
+    let runtime = runtime(cache.path());
+    let mut events = runtime.subscribe();
+    let (sink, _rx) = sink::channel(4);
+    let feeds = FeedSenders::new();
+    let plugin = runtime.spawn(spec, feeds.subscribe(), sink);
+    let loaded = wait_for(&mut events, "roster-logger", "load", |e| {
+        matches!(e.kind, EventKind::Loaded { .. })
+    })
+    .await;
+    assert!(matches!(
+        loaded.kind,
+        EventKind::Loaded { cached: true, .. }
+    ));
+    wait_for(&mut events, "roster-logger", "start", |e| {
+        e.kind == EventKind::Started
+    })
+    .await;
+    let _: Arc<str> = loaded.plugin;
+    plugin.stop().await;
+}
