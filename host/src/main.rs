@@ -4,6 +4,7 @@ use clap::Parser;
 
 mod cli {
     pub mod decode;
+    pub mod discover;
     pub mod plugin;
     pub mod server;
 }
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Decode line protocol (files or stdin) into one JSON object per point.
     Decode(cli::decode::DecodeArgs),
+    /// List the instances a service-discovery provider sees (once, or as they change).
+    Discover(cli::discover::Args),
     /// Tools for plugin components (componentize, check).
     Plugin(cli::plugin::Args),
     /// Run a cc-backend-compatible fleet server.
@@ -48,6 +51,7 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Discover(args) => cli::discover::run(args).await,
         Command::Plugin(args) => cli::plugin::run(args).await,
         Command::Server(args) => cli::server::run_server(args).await,
         Command::Keygen(args) => cli::server::run_keygen(args),

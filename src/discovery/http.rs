@@ -1,0 +1,99 @@
+//! HTTP plumbing shared by the backends that speak JSON over HTTP (Nomad, remote edge API).
+
+use std::time::Duration;
+
+use reqwest::Url;
+use reqwest::header::HeaderValue;
+use serde::de::DeserializeOwned;
+
+use super::DiscoveryError;
+
+/// Connecting to a source may take this long.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// One request may take this long, so a lister used without [`Cached`](super::Cached) is
+/// still bounded; it matches the cache's refresh timeout.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Builds the HTTP client of a source.
+///
+/// Redirects are not followed: the sources authenticate with custom headers (`X-Nomad-Token`,
+/// `X-API-Key`) that an HTTP client does not strip when a redirect changes the host, so
+/// following one could hand the credential to another origin. A redirect therefore surfaces
+/// as an unexpected status.
+pub(crate) fn client() -> Result<reqwest::Client, DiscoveryError> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|error| DiscoveryError::HttpClient { error })
+}
+
+/// Parses an endpoint setting; the error never echoes the value, which may carry credentials.
+pub(crate) fn endpoint(name: &'static str, raw: &str) -> Result<Url, DiscoveryError> {
+    let invalid = |reason: &str| DiscoveryError::InvalidSetting {
+        name,
+        reason: reason.to_owned(),
+    };
+    let url = Url::parse(raw.trim()).map_err(|_| invalid("not an absolute URL"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid("the scheme must be http or https"));
+    }
+    if url.cannot_be_a_base() || url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("the URL has no host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(invalid("the URL must not have a query or a fragment"));
+    }
+    Ok(url)
+}
+
+/// A credential as a header value, marked sensitive so that it is never printed.
+pub(crate) fn secret_header(
+    name: &'static str,
+    value: &str,
+) -> Result<HeaderValue, DiscoveryError> {
+    let mut value = HeaderValue::from_str(value).map_err(|_| DiscoveryError::InvalidSetting {
+        name,
+        reason: "contains characters not allowed in an HTTP header".to_owned(),
+    })?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// `base` with `segments` appended to its path, each percent-encoded as one segment.
+pub(crate) fn join(base: &Url, segments: &[&str]) -> Url {
+    let mut url = base.clone();
+    if let Ok(mut path) = url.path_segments_mut() {
+        path.pop_if_empty().extend(segments);
+    }
+    url
+}
+
+/// Sends `request` and decodes a 2xx JSON body; anything else is an error naming `operation`.
+pub(crate) async fn get_json<T: DeserializeOwned>(
+    request: reqwest::RequestBuilder,
+    operation: impl Fn() -> String,
+) -> Result<T, DiscoveryError> {
+    let response = request
+        .header(reqwest::header::ACCEPT, "application/json")
+        .send()
+        .await
+        .map_err(|e| DiscoveryError::request(operation(), e))?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(DiscoveryError::Status {
+            operation: operation(),
+            status: status.as_u16(),
+        });
+    }
+    let body = response
+        .bytes()
+        .await
+        .map_err(|e| DiscoveryError::request(operation(), e))?;
+    serde_json::from_slice(&body).map_err(|error| DiscoveryError::Decode {
+        operation: operation(),
+        error,
+    })
+}

@@ -1,0 +1,408 @@
+//! `Cached` (background refresh, last good set, errors) and `Merged` (union, precedence,
+//! error propagation), driven by a scripted source.
+#![cfg(feature = "discovery")]
+
+use std::collections::VecDeque;
+use std::future::pending;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ccfleet::discovery::{
+    CACHE_REFRESH_INTERVAL, Cached, Discoverer, DiscoveryError, Instance, Merged, Static,
+};
+
+/// Generous bound for anything that should happen promptly; never a performance assertion.
+const PROMPTLY: Duration = Duration::from_secs(5);
+
+type Script = Result<Vec<Instance>, u16>;
+
+/// A source answering from a script, repeating its last entry, or hanging forever.
+struct Scripted {
+    name: &'static str,
+    script: Mutex<VecDeque<Script>>,
+    last: Mutex<Option<Script>>,
+    hang: bool,
+    calls: AtomicUsize,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Scripted {
+    fn new(name: &'static str, script: Vec<Script>) -> Arc<Scripted> {
+        Arc::new(Scripted {
+            name,
+            script: Mutex::new(script.into()),
+            last: Mutex::new(None),
+            hang: false,
+            calls: AtomicUsize::new(0),
+            log: Arc::default(),
+        })
+    }
+
+    fn hanging() -> Arc<Scripted> {
+        Arc::new(Scripted {
+            hang: true,
+            ..Arc::into_inner(Scripted::new("hanging", vec![])).unwrap()
+        })
+    }
+
+    fn with_log(
+        name: &'static str,
+        script: Vec<Script>,
+        log: Arc<Mutex<Vec<String>>>,
+    ) -> Arc<Scripted> {
+        Arc::new(Scripted {
+            log,
+            ..Arc::into_inner(Scripted::new(name, script)).unwrap()
+        })
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Discoverer for Scripted {
+    async fn list_instances(&self) -> Result<Vec<Instance>, DiscoveryError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.log.lock().unwrap().push(format!("{}:list", self.name));
+        if self.hang {
+            pending::<()>().await;
+        }
+        let next = {
+            let mut script = self.script.lock().unwrap();
+            let mut last = self.last.lock().unwrap();
+            if let Some(s) = script.pop_front() {
+                *last = Some(s);
+            }
+            last.clone().expect("a scripted result")
+        };
+        next.map_err(|status| DiscoveryError::Status {
+            operation: format!("listing {}", self.name),
+            status,
+        })
+    }
+
+    async fn start(&self) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{}:start", self.name));
+    }
+
+    async fn stop(&self) {
+        self.log.lock().unwrap().push(format!("{}:stop", self.name));
+    }
+}
+
+fn instance(id: &str, ip: &str, port: u16) -> Instance {
+    Instance {
+        workload_id: id.to_owned(),
+        node_id: format!("{id}-node"),
+        ip_address: ip.to_owned(),
+        port,
+        backend: "test".to_owned(),
+    }
+}
+
+/// Waits until the cache has completed `n` refreshes.
+async fn refreshes(cache: &Cached, n: u64) {
+    let mut rx = cache.subscribe();
+    tokio::time::timeout(PROMPTLY, rx.wait_for(|s| s.refreshes >= n))
+        .await
+        .expect("refreshes happen")
+        .expect("cache alive");
+}
+
+#[tokio::test]
+async fn reports_not_yet_synced_before_the_first_refresh() {
+    let source = Scripted::new("src", vec![Ok(vec![])]);
+    let cache = Cached::new(source.clone());
+    let err = cache.list_instances().await.unwrap_err();
+    assert!(matches!(err, DiscoveryError::NotYetSynced), "{err:?}");
+    assert!(err.is_not_yet_synced());
+    assert_eq!(
+        err.to_string(),
+        "service discovery has not completed a refresh yet"
+    );
+    assert_eq!(
+        source.calls(),
+        0,
+        "listing a cache never touches the source"
+    );
+}
+
+#[tokio::test]
+async fn start_refreshes_immediately_and_serves_the_set() {
+    let set = vec![instance("a", "10.0.0.1", 5008)];
+    let source = Scripted::new("src", vec![Ok(set.clone())]);
+    // The default 10 s interval: only the immediate refresh can land within the test.
+    let cache = Cached::new(source.clone());
+    cache.start().await;
+    refreshes(&cache, 1).await;
+    assert_eq!(cache.list_instances().await.unwrap(), set);
+    assert_eq!(source.calls(), 1);
+    cache.stop().await;
+}
+
+#[tokio::test]
+async fn an_empty_source_is_an_empty_set_not_unsynced() {
+    let cache = Cached::new(Scripted::new("src", vec![Ok(vec![])]));
+    cache.refresh().await.unwrap();
+    assert_eq!(cache.list_instances().await.unwrap(), vec![]);
+}
+
+#[tokio::test]
+async fn a_failed_refresh_keeps_the_last_set_and_reports_the_error() {
+    let first = vec![
+        instance("a", "10.0.0.1", 5008),
+        instance("b", "10.0.0.2", 5008),
+    ];
+    let second = vec![instance("c", "10.0.0.3", 5008)];
+    let source = Scripted::new("src", vec![Ok(first.clone()), Err(503), Ok(second.clone())]);
+    let cache = Cached::new(source.clone());
+
+    cache.refresh().await.unwrap();
+    assert_eq!(cache.list_instances().await.unwrap(), first);
+
+    let refresh_err = cache.refresh().await.unwrap_err();
+    assert!(matches!(
+        *refresh_err,
+        DiscoveryError::Status { status: 503, .. }
+    ));
+    let err = cache.list_instances().await.unwrap_err();
+    match &err {
+        DiscoveryError::RefreshFailed { last_known, error } => {
+            assert_eq!(last_known.as_deref(), Some(&first[..]));
+            assert!(matches!(
+                **error,
+                DiscoveryError::Status { status: 503, .. }
+            ));
+        }
+        other => panic!("expected RefreshFailed, got {other:?}"),
+    }
+    assert_eq!(
+        err.last_known(),
+        Some(&first[..]),
+        "a blip does not empty the fleet"
+    );
+    let text = err.to_string();
+    assert!(text.contains("2 instances"), "{text}");
+    assert!(
+        text.contains("listing src: unexpected HTTP status 503"),
+        "{text}"
+    );
+
+    // The next good refresh clears the error.
+    cache.refresh().await.unwrap();
+    assert_eq!(cache.list_instances().await.unwrap(), second);
+}
+
+#[tokio::test]
+async fn a_first_refresh_failure_is_reported_without_a_set() {
+    let cache = Cached::new(Scripted::new("src", vec![Err(500)]));
+    let _ = cache.refresh().await;
+    let err = cache.list_instances().await.unwrap_err();
+    assert!(
+        !err.is_not_yet_synced(),
+        "a failed refresh is not 'not yet synced'"
+    );
+    assert!(
+        matches!(
+            err,
+            DiscoveryError::RefreshFailed {
+                last_known: None,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.last_known(), None);
+}
+
+#[tokio::test]
+async fn each_refresh_is_bounded_by_the_timeout() {
+    let cache = Cached::with_timing(
+        Scripted::hanging(),
+        CACHE_REFRESH_INTERVAL,
+        Duration::from_millis(50),
+    );
+    let err = cache.refresh().await.unwrap_err();
+    assert!(
+        matches!(*err, DiscoveryError::TimedOut { after } if after == Duration::from_millis(50))
+    );
+    let listed = cache.list_instances().await.unwrap_err();
+    assert!(
+        listed.to_string().contains("did not finish within 50ms"),
+        "{listed}"
+    );
+}
+
+#[tokio::test]
+async fn the_loop_refreshes_on_its_interval_and_stop_ends_it() {
+    let source = Scripted::new("src", vec![Ok(vec![instance("a", "10.0.0.1", 1)])]);
+    let cache = Cached::with_timing(source.clone(), Duration::from_millis(20), PROMPTLY);
+    cache.start().await;
+    cache.start().await; // already running: no second loop
+    refreshes(&cache, 3).await;
+    assert!(cache.is_running());
+    cache.stop().await;
+    assert!(!cache.is_running());
+    let calls = source.calls();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(source.calls(), calls, "no refresh after stop");
+    // The set survives the loop.
+    assert_eq!(cache.list_instances().await.unwrap().len(), 1);
+
+    // And it can be started again.
+    cache.start().await;
+    refreshes(&cache, cache.snapshot().refreshes + 1).await;
+    cache.stop().await;
+}
+
+#[tokio::test]
+async fn stop_cancels_a_refresh_in_flight() {
+    let source = Scripted::hanging();
+    let cache = Cached::new(source.clone());
+    cache.start().await;
+    tokio::time::timeout(PROMPTLY, async {
+        while source.calls() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the first refresh starts");
+    tokio::time::timeout(PROMPTLY, cache.stop())
+        .await
+        .expect("stop does not wait for the hanging source");
+    assert!(
+        cache
+            .list_instances()
+            .await
+            .unwrap_err()
+            .is_not_yet_synced()
+    );
+}
+
+#[tokio::test]
+async fn dropping_the_cache_ends_its_loop() {
+    let source = Scripted::new("src", vec![Ok(vec![])]);
+    let cache = Cached::with_timing(source.clone(), Duration::from_millis(10), PROMPTLY);
+    cache.start().await;
+    refreshes(&cache, 2).await;
+    drop(cache);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let calls = source.calls();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(source.calls(), calls);
+}
+
+#[test]
+fn the_default_interval_is_ten_seconds() {
+    assert_eq!(CACHE_REFRESH_INTERVAL, Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn merged_deduplicates_by_workload_id_and_the_primary_wins() {
+    let primary = Scripted::new(
+        "primary",
+        vec![Ok(vec![instance("aaaaaaaa", "10.0.0.1", 6123)])],
+    );
+    let fallback = Scripted::new(
+        "fallback",
+        vec![Ok(vec![
+            instance("aaaaaaaa", "10.0.0.1", 5008),
+            instance("bbbbbbbb", "10.0.0.2", 5008),
+            instance("bbbbbbbb", "10.0.0.3", 5008),
+        ])],
+    );
+    let merged = Merged::new(primary, fallback);
+    let got = merged.list_instances().await.unwrap();
+    let addresses: Vec<String> = got.iter().map(Instance::address).collect();
+    assert_eq!(addresses, ["10.0.0.1:6123", "10.0.0.2:5008"]);
+}
+
+#[tokio::test]
+async fn merged_propagates_a_primary_error() {
+    let primary = Scripted::new("primary", vec![Err(500)]);
+    let fallback = Scripted::new("fallback", vec![Ok(vec![instance("b", "10.0.0.2", 1)])]);
+    let err = Merged::new(primary, fallback.clone())
+        .list_instances()
+        .await
+        .unwrap_err();
+    match &err {
+        DiscoveryError::Primary(inner) => {
+            assert!(matches!(
+                **inner,
+                DiscoveryError::Status { status: 500, .. }
+            ))
+        }
+        other => panic!("expected Primary, got {other:?}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "primary discovery failed: listing primary: unexpected HTTP status 500"
+    );
+    assert_eq!(fallback.calls(), 0);
+}
+
+#[tokio::test]
+async fn merged_propagates_a_fallback_error_rather_than_a_partial_list() {
+    let primary = Scripted::new("primary", vec![Ok(vec![instance("a", "10.0.0.1", 1)])]);
+    let fallback = Scripted::new("fallback", vec![Err(502)]);
+    let err = Merged::new(primary, fallback)
+        .list_instances()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DiscoveryError::Fallback(inner) if matches!(**inner, DiscoveryError::Status { status: 502, .. }))
+    );
+    assert!(
+        err.to_string().starts_with("fallback discovery failed: "),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn merged_forwards_start_and_stop_to_both_in_order() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let primary = Scripted::with_log("primary", vec![Ok(vec![])], log.clone());
+    let fallback = Scripted::with_log("fallback", vec![Ok(vec![])], log.clone());
+    let merged = Merged::new(primary, fallback);
+    merged.start().await;
+    merged.stop().await;
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            "primary:start",
+            "fallback:start",
+            "primary:stop",
+            "fallback:stop"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn merged_caches_report_not_yet_synced_until_both_refreshed() {
+    let primary = Arc::new(Cached::new(Arc::new(
+        Static::new(&["10.0.0.1"], 5008).unwrap(),
+    )));
+    let fallback = Arc::new(Cached::new(Arc::new(
+        Static::new(&["10.0.0.2"], 5008).unwrap(),
+    )));
+    let merged = Merged::new(primary.clone(), fallback.clone());
+    assert!(
+        merged
+            .list_instances()
+            .await
+            .unwrap_err()
+            .is_not_yet_synced()
+    );
+    primary.refresh().await.unwrap();
+    let err = merged.list_instances().await.unwrap_err();
+    assert!(matches!(err, DiscoveryError::Fallback(_)) && err.is_not_yet_synced());
+    fallback.refresh().await.unwrap();
+    assert_eq!(merged.list_instances().await.unwrap().len(), 2);
+}

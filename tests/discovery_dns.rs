@@ -1,0 +1,334 @@
+//! The DNS lister against a real DNS server (hickory-server) on loopback.
+#![cfg(feature = "discovery")]
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ccfleet::discovery::{BACKEND_DNS, Discoverer, DiscoveryError, Dns};
+use hickory_server::Server;
+use hickory_server::net::runtime::Time;
+use hickory_server::proto::op::{Header, HeaderCounts, Metadata, ResponseCode};
+use hickory_server::proto::rr::rdata::{A, CNAME};
+use hickory_server::proto::rr::{Name, RData, Record};
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::MessageResponseBuilder;
+use tokio::net::UdpSocket;
+
+/// How the test server answers one name.
+#[derive(Clone, Debug)]
+enum Answer {
+    /// NOERROR with these A records (none: an empty NOERROR).
+    A(Vec<Ipv4Addr>),
+    /// NOERROR with a CNAME and these A records, so non-A answers are exercised.
+    CnameAndA(Vec<Ipv4Addr>),
+    /// An error response code and no answers.
+    Code(ResponseCode),
+    /// `Code` for the first `n` queries of the name, then the inner answer.
+    FailFirst(usize, ResponseCode, Box<Answer>),
+    /// No response at all.
+    Silent,
+}
+
+#[derive(Clone)]
+struct Zone {
+    answers: Arc<HashMap<String, Answer>>,
+    queries: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Zone {
+    fn queries(&self, name: &str) -> usize {
+        self.queries
+            .lock()
+            .unwrap()
+            .get(&fqdn(name))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+fn fqdn(name: &str) -> String {
+    format!("{}.", name.trim_end_matches('.'))
+}
+
+#[async_trait]
+impl RequestHandler for Zone {
+    async fn handle_request<R: ResponseHandler, T: Time>(
+        &self,
+        request: &Request,
+        mut response: R,
+    ) -> ResponseInfo {
+        let info = request.request_info().expect("one query per request");
+        let name = info.query.name().to_string();
+        let count = {
+            let mut q = self.queries.lock().unwrap();
+            let c = q.entry(name.clone()).or_default();
+            *c += 1;
+            *c
+        };
+        let mut answer = self
+            .answers
+            .get(&name)
+            .cloned()
+            .unwrap_or(Answer::Code(ResponseCode::NXDomain));
+        if let Answer::FailFirst(n, code, then) = answer {
+            answer = if count <= n {
+                Answer::Code(code)
+            } else {
+                *then
+            };
+        }
+        let owner = Name::from(info.query.name().clone());
+        let builder = MessageResponseBuilder::from_message_request(request);
+        let records: Vec<Record> = match &answer {
+            Answer::A(ips) => ips
+                .iter()
+                .map(|ip| Record::from_rdata(owner.clone(), 60, RData::A(A(*ip))))
+                .collect(),
+            Answer::CnameAndA(ips) => {
+                let target = Name::from_ascii("target.example.").unwrap();
+                std::iter::once(Record::from_rdata(
+                    owner.clone(),
+                    60,
+                    RData::CNAME(CNAME(target.clone())),
+                ))
+                .chain(
+                    ips.iter()
+                        .map(|ip| Record::from_rdata(target.clone(), 60, RData::A(A(*ip)))),
+                )
+                .collect()
+            }
+            Answer::Code(code) => {
+                return response
+                    .send_response(builder.error_msg(&request.metadata, *code))
+                    .await
+                    .expect("send error response");
+            }
+            Answer::Silent => {
+                return ResponseInfo::from(Header {
+                    metadata: Metadata::response_from_request(&request.metadata),
+                    counts: HeaderCounts::default(),
+                });
+            }
+            Answer::FailFirst(..) => unreachable!("resolved above"),
+        };
+        let mut metadata = Metadata::response_from_request(&request.metadata);
+        metadata.response_code = ResponseCode::NoError;
+        metadata.authoritative = true;
+        response
+            .send_response(builder.build(metadata, records.iter(), [], [], []))
+            .await
+            .expect("send answer")
+    }
+}
+
+/// A hickory DNS server on a free loopback UDP port answering from `answers`.
+struct DnsServer {
+    addr: SocketAddr,
+    zone: Zone,
+    _server: Server<Zone>,
+}
+
+async fn dns_server(answers: &[(&str, Answer)]) -> DnsServer {
+    let zone = Zone {
+        answers: Arc::new(answers.iter().map(|(n, a)| (fqdn(n), a.clone())).collect()),
+        queries: Arc::default(),
+    };
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    let mut server = Server::new(zone.clone());
+    server.register_socket(socket);
+    DnsServer {
+        addr,
+        zone,
+        _server: server,
+    }
+}
+
+fn hosts(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+fn ip(s: &str) -> Ipv4Addr {
+    s.parse().unwrap()
+}
+
+#[tokio::test]
+async fn one_a_record_becomes_one_instance() {
+    let server = dns_server(&[("orch.service.consul", Answer::A(vec![ip("10.0.0.1")]))]).await;
+    let dns = Dns::new(hosts(&["orch.service.consul"]), server.addr, 5008);
+    let got = dns.list_instances().await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].address(), "10.0.0.1:5008");
+    assert_eq!(got[0].workload_id, "10.0.0.1:5008");
+    assert_eq!(got[0].node_id, "", "DNS knows no machine");
+    assert_eq!(got[0].backend, BACKEND_DNS);
+}
+
+#[tokio::test]
+async fn addresses_are_deduplicated_across_names_and_other_records_ignored() {
+    let server = dns_server(&[
+        ("a.example", Answer::A(vec![ip("10.0.0.1"), ip("10.0.0.2")])),
+        (
+            "b.example",
+            Answer::CnameAndA(vec![ip("10.0.0.2"), ip("10.0.0.3")]),
+        ),
+    ])
+    .await;
+    let dns = Dns::new(hosts(&["a.example", "b.example"]), server.addr, 6123);
+    let got: Vec<String> = dns
+        .list_instances()
+        .await
+        .unwrap()
+        .iter()
+        .map(|i| i.address())
+        .collect();
+    assert_eq!(got, ["10.0.0.1:6123", "10.0.0.2:6123", "10.0.0.3:6123"]);
+}
+
+#[tokio::test]
+async fn empty_noerror_is_an_empty_set_not_an_error() {
+    let server = dns_server(&[("empty.example", Answer::A(vec![]))]).await;
+    let dns = Dns::new(hosts(&["empty.example"]), server.addr, 5008);
+    assert_eq!(dns.list_instances().await.unwrap(), vec![]);
+    assert_eq!(
+        server.zone.queries("empty.example"),
+        1,
+        "no retry on success"
+    );
+}
+
+#[tokio::test]
+async fn servfail_is_an_error_after_every_attempt() {
+    let server = dns_server(&[("broken.example", Answer::Code(ResponseCode::ServFail))]).await;
+    let dns = Dns::new(hosts(&["broken.example"]), server.addr, 5008);
+    let err = dns.list_instances().await.unwrap_err();
+    let DiscoveryError::DnsAllFailed(errors) = &err else {
+        panic!("expected DnsAllFailed, got {err:?}");
+    };
+    assert!(
+        matches!(&errors[..], [DiscoveryError::DnsResponseCode { host, rcode }] if host == "broken.example" && rcode == "SERVFAIL"),
+        "{errors:?}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("SERVFAIL"), "{text}");
+    assert!(text.contains("broken.example"), "{text}");
+    assert_eq!(server.zone.queries("broken.example"), 3);
+}
+
+#[tokio::test]
+async fn nxdomain_and_refused_are_errors() {
+    let server = dns_server(&[("refused.example", Answer::Code(ResponseCode::Refused))]).await;
+    let dns = Dns::new(
+        hosts(&["refused.example", "unknown.example"]),
+        server.addr,
+        5008,
+    )
+    .with_attempts(1);
+    let text = dns.list_instances().await.unwrap_err().to_string();
+    assert!(text.contains("REFUSED"), "{text}");
+    assert!(text.contains("NXDOMAIN"), "{text}");
+}
+
+#[tokio::test]
+async fn a_transient_servfail_is_retried() {
+    let server = dns_server(&[(
+        "flaky.example",
+        Answer::FailFirst(
+            2,
+            ResponseCode::ServFail,
+            Box::new(Answer::A(vec![ip("10.0.0.7")])),
+        ),
+    )])
+    .await;
+    let dns = Dns::new(hosts(&["flaky.example"]), server.addr, 5008);
+    let got = dns.list_instances().await.unwrap();
+    assert_eq!(got[0].address(), "10.0.0.7:5008");
+    assert_eq!(server.zone.queries("flaky.example"), 3);
+}
+
+#[tokio::test]
+async fn partial_failure_is_a_success_with_what_resolved() {
+    let server = dns_server(&[
+        ("up.example", Answer::A(vec![ip("10.0.0.1")])),
+        ("down.example", Answer::Code(ResponseCode::ServFail)),
+        ("mute.example", Answer::Silent),
+    ])
+    .await;
+    let dns = Dns::new(
+        hosts(&["down.example", "up.example", "mute.example"]),
+        server.addr,
+        5008,
+    )
+    .with_exchange_timeout(Duration::from_millis(200));
+    let got = dns.list_instances().await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].address(), "10.0.0.1:5008");
+    assert_eq!(server.zone.queries("down.example"), 3);
+    assert_eq!(server.zone.queries("mute.example"), 3);
+}
+
+#[tokio::test]
+async fn total_failure_names_every_failed_host() {
+    let server = dns_server(&[
+        ("one.example", Answer::Code(ResponseCode::ServFail)),
+        ("two.example", Answer::Silent),
+    ])
+    .await;
+    let dns = Dns::new(hosts(&["one.example", "two.example"]), server.addr, 5008)
+        .with_exchange_timeout(Duration::from_millis(200));
+    let err = dns.list_instances().await.unwrap_err();
+    let DiscoveryError::DnsAllFailed(errors) = &err else {
+        panic!("expected DnsAllFailed, got {err:?}");
+    };
+    assert_eq!(errors.len(), 2);
+    assert!(
+        matches!(&errors[0], DiscoveryError::DnsResponseCode { host, .. } if host == "one.example")
+    );
+    assert!(matches!(&errors[1], DiscoveryError::DnsTimeout { host, .. } if host == "two.example"));
+    let text = err.to_string();
+    assert!(
+        text.starts_with("resolving every discovery host failed"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_dead_resolver_is_an_error_after_the_configured_attempts() {
+    // Bound, so queries are not refused by the kernel, but never answered.
+    let silent = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let dns = Dns::new(hosts(&["orch.example"]), silent.local_addr().unwrap(), 5008)
+        .with_exchange_timeout(Duration::from_millis(150));
+    let err = dns.list_instances().await.unwrap_err();
+    let DiscoveryError::DnsAllFailed(errors) = &err else {
+        panic!("expected DnsAllFailed, got {err:?}");
+    };
+    assert!(
+        matches!(&errors[..], [DiscoveryError::DnsTimeout { host, after }] if host == "orch.example" && *after == Duration::from_millis(150)),
+        "{errors:?}"
+    );
+    // Every attempt reached the resolver: three queries, each a fresh exchange.
+    let mut buf = [0u8; 512];
+    let mut ids = std::collections::HashSet::new();
+    for _ in 0..3 {
+        let (n, _) = tokio::time::timeout(Duration::from_secs(1), silent.recv_from(&mut buf))
+            .await
+            .expect("a query was sent")
+            .unwrap();
+        assert!(n > 12);
+        ids.insert(u16::from_be_bytes([buf[0], buf[1]]));
+    }
+    assert!(ids.len() >= 2, "each attempt carries its own query id");
+}
+
+#[test]
+fn defaults_match_the_reference() {
+    assert_eq!(
+        ccfleet::discovery::DNS_EXCHANGE_TIMEOUT,
+        Duration::from_secs(2)
+    );
+    assert_eq!(ccfleet::discovery::DNS_ATTEMPTS, 3);
+    assert_eq!(ccfleet::discovery::DNS_RETRY_WAIT, Duration::from_millis(5));
+}
