@@ -56,9 +56,9 @@ impl Allowlist {
                 let ip = ip.to_canonical();
                 self.addrs.iter().any(|a| a.to_canonical() == ip)
                     || self.nets.iter().any(|n| n.contains(&ip))
-                    || self.exact.iter().any(|e| *e == client)
+                    || self.exact.contains(&client)
             }
-            Err(_) => self.exact.iter().any(|e| *e == client),
+            Err(_) => self.exact.contains(&client),
         }
     }
 }

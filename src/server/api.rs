@@ -185,15 +185,13 @@ async fn register_infra(
     register(state, Scope::Infra, body).await
 }
 
-fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Response> {
-    body.map_err(|rejection| {
-        let status = rejection.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            error(status, &format!("request body exceeds {BODY_LIMIT} bytes"))
-        } else {
-            error(StatusCode::BAD_REQUEST, "cannot read request body")
-        }
-    })
+fn body_rejected(rejection: &BytesRejection) -> Response {
+    let status = rejection.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        error(status, &format!("request body exceeds {BODY_LIMIT} bytes"))
+    } else {
+        error(StatusCode::BAD_REQUEST, "cannot read request body")
+    }
 }
 
 fn validate(scope: Scope, body: RegisterBody) -> Result<Registration, String> {
@@ -233,9 +231,9 @@ fn validate(scope: Scope, body: RegisterBody) -> Result<Registration, String> {
 }
 
 async fn register(state: AppState, scope: Scope, body: Result<Bytes, BytesRejection>) -> Response {
-    let body = match body_or_error(body) {
+    let body = match body {
         Ok(body) => body,
-        Err(response) => return response,
+        Err(rejection) => return body_rejected(&rejection),
     };
     // Like Go's json.Decoder, only the first JSON value of the body counts.
     let parsed = serde_json::Deserializer::from_slice(&body)
@@ -287,12 +285,8 @@ async fn register(state: AppState, scope: Scope, body: Result<Bytes, BytesReject
     }
 }
 
-fn check_id(id: &str) -> Result<(), Response> {
-    if is_instance_id(id) {
-        Ok(())
-    } else {
-        Err(error(StatusCode::BAD_REQUEST, "malformed instance id"))
-    }
+fn malformed_id() -> Response {
+    error(StatusCode::BAD_REQUEST, "malformed instance id")
 }
 
 fn unknown_instance() -> Response {
@@ -300,8 +294,8 @@ fn unknown_instance() -> Response {
 }
 
 async fn heartbeat(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    if let Err(response) = check_id(&id) {
-        return response;
+    if !is_instance_id(&id) {
+        return malformed_id();
     }
     match state.registry.heartbeat(&id).await {
         Ok(None) => unknown_instance(),
@@ -333,8 +327,8 @@ async fn config(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(response) = check_id(&id) {
-        return response;
+    if !is_instance_id(&id) {
+        return malformed_id();
     }
     let Some(service) = state
         .registry
@@ -386,8 +380,8 @@ async fn config(
 }
 
 async fn deregister(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    if let Err(response) = check_id(&id) {
-        return response;
+    if !is_instance_id(&id) {
+        return malformed_id();
     }
     match state.registry.deregister(&id).await {
         Ok(changed) => {

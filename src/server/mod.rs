@@ -48,6 +48,8 @@ use roster::RosterNotify;
 
 /// How long shutdown waits for in-flight HTTP requests and NATS flushes.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long start-up waits for NATS before carrying on without it.
+const INITIAL_CONNECT_WAIT: Duration = Duration::from_secs(2);
 /// Messages async-nats buffers for the heartbeat subscription before it drops (and
 /// reports) them; with multi-line messages this is hundreds of thousands of heartbeats.
 const SUBSCRIPTION_CAPACITY: usize = 1024;
@@ -97,8 +99,11 @@ async fn connect_nats(
         .retry_on_initial_connect()
         .max_reconnects(None)
         .subscription_capacity(SUBSCRIPTION_CAPACITY)
-        .reconnect_delay_callback(|attempts| {
-            Duration::from_millis(100u64.saturating_mul(1 << attempts.min(5)).min(2_000))
+        // The first attempt goes out at once; retries back off from 100 ms to 2 s so a
+        // restarted nats-server is found again quickly.
+        .reconnect_delay_callback(|attempts| match attempts {
+            0 | 1 => Duration::ZERO,
+            n => Duration::from_millis(100u64 << (n - 2).min(5)).min(Duration::from_secs(2)),
         })
         .event_callback(move |event| {
             let metrics = metrics.clone();
@@ -285,6 +290,17 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         }
         (_, None) => None,
     };
+    if let Some(client) = &nats {
+        // A round trip makes sure the subscription is in place before start() returns, so
+        // heartbeats published right afterwards are not missed. A NATS that is down does
+        // not hold up start-up: the client keeps connecting in the background.
+        match tokio::time::timeout(INITIAL_CONNECT_WAIT, client.flush()).await {
+            Ok(Ok(())) => {}
+            _ => tracing::warn!(
+                "NATS: not reachable yet; heartbeats and rosters start once it connects"
+            ),
+        }
+    }
     match &nats {
         Some(client) => tasks.push(roster::spawn(
             client.clone(),
