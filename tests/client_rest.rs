@@ -157,12 +157,13 @@ async fn config_status_sequence_204_200_304_200_204_404() {
     assert_eq!(if_none_match[4], Some(quoted.as_str()));
     // After the 204 the ETag is cleared.
     assert_eq!(if_none_match[6], None);
-    // Every body was drained, so one connection carried all requests.
-    assert!(
-        records.iter().all(|r| r.peer == records[0].peer),
-        "connections were not reused: {:?}",
-        records.iter().map(|r| r.peer).collect::<Vec<_>>()
-    );
+    // Every body was drained, so connections were reused. (hyper hands a connection back to
+    // its pool asynchronously, so a request may occasionally open a second one; a body left
+    // unread would cost a connection per response with a body, four here.)
+    let mut peers: Vec<_> = records.iter().map(|r| r.peer).collect();
+    peers.sort();
+    peers.dedup();
+    assert!(peers.len() <= 2, "connections were not reused: {peers:?}");
 }
 
 /// The project's server always sends an ETag with a 200, so this path is tested against a
