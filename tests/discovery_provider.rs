@@ -23,6 +23,9 @@ use tokio::sync::watch;
 
 const PROMPTLY: Duration = Duration::from_secs(8);
 
+/// What the Nomad agent saw: the token and the query of each request.
+type Seen = Arc<Mutex<Vec<(Option<String>, HashMap<String, String>)>>>;
+
 fn config(prefix: &str, vars: &[(&str, &str)]) -> Result<Config, DiscoveryError> {
     Config::from_env_map(
         prefix,
@@ -192,7 +195,8 @@ async fn every_missing_or_invalid_setting_is_a_named_error() {
         [nomad.as_slice(), extra].concat()
     };
     type Check = fn(&DiscoveryError) -> bool;
-    let cases: Vec<(&str, Vec<(&str, &str)>, Check)> = vec![
+    type Case = (&'static str, Vec<(&'static str, &'static str)>, Check);
+    let cases: Vec<Case> = vec![
         (
             "no provider",
             vec![],
@@ -375,11 +379,9 @@ fn missing_setting_messages_name_the_variable() {
 }
 
 /// A Nomad agent serving one allocation and remembering tokens and filters.
-async fn nomad_agent(
-    seen: Arc<Mutex<Vec<(Option<String>, HashMap<String, String>)>>>,
-) -> SocketAddr {
+async fn nomad_agent(seen: Seen) -> SocketAddr {
     async fn allocations(
-        State(seen): State<Arc<Mutex<Vec<(Option<String>, HashMap<String, String>)>>>>,
+        State(seen): State<Seen>,
         headers: HeaderMap,
         Query(q): Query<HashMap<String, String>>,
     ) -> Json<Value> {

@@ -253,3 +253,56 @@ pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    #[test]
+    fn chain_joins_causes_and_skips_repeats() {
+        let e = Layer(
+            "error sending request: connection refused",
+            Some(Box::new(Layer(
+                "connection refused",
+                Some(Box::new(Layer("os error 111", None))),
+            ))),
+        );
+        assert_eq!(
+            chain(&e),
+            "error sending request: connection refused: os error 111"
+        );
+    }
+
+    #[test]
+    fn wrapped_not_yet_synced_is_still_recognised() {
+        let e = DiscoveryError::Fallback(Box::new(DiscoveryError::NotYetSynced));
+        assert!(e.is_not_yet_synced());
+        assert_eq!(
+            e.to_string(),
+            "fallback discovery failed: service discovery has not completed a refresh yet"
+        );
+        assert!(!DiscoveryError::FleetClosed.is_not_yet_synced());
+    }
+
+    #[test]
+    fn stays_small_enough_to_return_by_value() {
+        // Every listing returns Result<Vec<Instance>, DiscoveryError>; a large error would
+        // make every successful call pay for it (clippy's result_large_err limit is 128).
+        assert!(std::mem::size_of::<DiscoveryError>() <= 96);
+    }
+}

@@ -111,21 +111,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let config = args.config().context("reading the discovery settings")?;
     let discoverer = provider::new(&config)
         .with_context(|| format!("building the {} discovery provider", config.provider))?;
+    // Errors name the provider as well as the source inside it that failed.
+    let label = config.kind()?.to_string();
     discoverer.start().await;
     let result = if args.watch {
         tokio::select! {
-            r = watch(&args, discoverer.as_ref()) => r,
+            r = watch(&args, &label, discoverer.as_ref()) => r,
             r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C"),
         }
     } else {
-        once(&args, discoverer.as_ref()).await
+        once(&args, &label, discoverer.as_ref()).await
     };
     discoverer.stop().await;
     result
 }
 
-async fn once(args: &Args, discoverer: &dyn Discoverer) -> anyhow::Result<()> {
-    let mut instances = first_listing(discoverer, args.timeout).await?;
+async fn once(args: &Args, label: &str, discoverer: &dyn Discoverer) -> anyhow::Result<()> {
+    let mut instances = first_listing(label, discoverer, args.timeout).await?;
     sort(&mut instances);
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -138,8 +140,8 @@ async fn once(args: &Args, discoverer: &dyn Discoverer) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn watch(args: &Args, discoverer: &dyn Discoverer) -> anyhow::Result<()> {
-    let mut known = first_listing(discoverer, args.timeout).await?;
+async fn watch(args: &Args, label: &str, discoverer: &dyn Discoverer) -> anyhow::Result<()> {
+    let mut known = first_listing(label, discoverer, args.timeout).await?;
     sort(&mut known);
     if args.json {
         print_changes(&diff(&[], &known), true)?;
@@ -160,13 +162,14 @@ async fn watch(args: &Args, discoverer: &dyn Discoverer) -> anyhow::Result<()> {
                 known = current;
             }
             // Skip the cycle and keep the last set: an error is never an empty fleet.
-            Err(e) => eprintln!("discovery failed: {e}"),
+            Err(e) => eprintln!("{label} discovery failed: {e}"),
         }
     }
 }
 
 /// Lists once the provider has completed its first refresh, or fails after `timeout`.
 async fn first_listing(
+    label: &str,
     discoverer: &dyn Discoverer,
     timeout: Duration,
 ) -> anyhow::Result<Vec<Instance>> {
@@ -176,13 +179,13 @@ async fn first_listing(
             Err(e) if e.is_not_yet_synced() => {
                 if tokio::time::Instant::now() >= deadline {
                     bail!(
-                        "discovery completed no refresh within {}",
+                        "{label} discovery completed no refresh within {}",
                         ccfleet::duration::format(timeout)
                     );
                 }
                 tokio::time::sleep(SYNC_POLL).await;
             }
-            Err(e) => bail!("discovery failed: {e}"),
+            Err(e) => bail!("{label} discovery failed: {e}"),
             Ok(instances) => return Ok(instances),
         }
     }
