@@ -134,6 +134,30 @@ fn ccfleet_decode(text: &[u8]) -> usize {
     sum
 }
 
+/// Decoding proper: every token located and validated, views only (no unescaping).
+fn ccfleet_views(text: &[u8]) -> usize {
+    let mut sum = 0;
+    for line in Decoder::new(text) {
+        let line = line.expect("valid input");
+        sum += line.measurement().raw().len();
+        for (k, v) in line.tags() {
+            sum += k.raw().len() + v.raw().len();
+        }
+        for (k, v) in line.fields() {
+            sum += k.raw().len();
+            sum += match v {
+                FieldValue::String(s) => s.raw().len(),
+                FieldValue::Float(f) => f as usize,
+                FieldValue::Int(i) => i as usize,
+                FieldValue::Uint(u) => u as usize,
+                FieldValue::Bool(b) => b as usize,
+            };
+        }
+        sum += line.time().unwrap_or_default() as usize;
+    }
+    sum
+}
+
 fn iox_decode(text: &str) -> usize {
     use influxdb_line_protocol::FieldValue as F;
     let mut sum = 0;
@@ -185,6 +209,9 @@ fn decode(c: &mut Criterion) {
         configure(&mut group, &input);
         group.bench_function("ccfleet", |b| {
             b.iter(|| ccfleet_decode(black_box(input.text.as_bytes())))
+        });
+        group.bench_function("ccfleet-views", |b| {
+            b.iter(|| ccfleet_views(black_box(input.text.as_bytes())))
         });
         group.bench_function("influxdb-line-protocol", |b| {
             b.iter(|| iox_decode(black_box(&input.text)))

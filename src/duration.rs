@@ -176,7 +176,7 @@ fn write_fraction(f: &mut fmt::Formatter<'_>, value: u128, scale: u128) -> fmt::
         return Ok(());
     }
     let mut width = scale.ilog10() as usize;
-    while frac % 10 == 0 {
+    while frac.is_multiple_of(10) {
         frac /= 10;
         width -= 1;
     }

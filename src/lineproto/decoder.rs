@@ -1,5 +1,6 @@
 use super::error::{DecodeError, DecodeErrorKind};
 use super::precision::Precision;
+use super::scan;
 use super::table::{FIELD_VALUE_STOP, KEY_STOP, MEASUREMENT_STOP, is_non_printable};
 use super::token::{Token, TokenKind};
 use super::value::{self, FieldValue};
@@ -53,6 +54,18 @@ pub struct Line<'a> {
     time: Option<i64>,
     default_time: Option<i64>,
     number: usize,
+    first_string: StringSpan,
+}
+
+/// Where the first string field of a line sits within its field section, so that reading
+/// it (typically the one `event` payload of a fleet message) does not scan it twice.
+#[derive(Debug, Clone, Copy, Default)]
+struct StringSpan {
+    /// Offset of the opening quote; 0 when the line has no string field (a field section
+    /// never starts with a quote).
+    open: usize,
+    close: usize,
+    escaped: bool,
 }
 
 type Failure = (usize, DecodeErrorKind);
@@ -204,6 +217,7 @@ impl<'a> Decoder<'a> {
         i = self.skip_spaces(i);
         let fields_start = i;
         let mut newlines = 0;
+        let mut first_string = StringSpan::default();
         loop {
             let k_end = scan_token(buf, i, &KEY_STOP)?.0;
             if k_end == i {
@@ -214,7 +228,14 @@ impl<'a> Decoder<'a> {
             }
             i = k_end + 1;
             if buf.get(i) == Some(&b'"') {
-                let (end, _, lines) = scan_string(buf, i + 1)?;
+                let (end, escaped, lines) = scan_string(buf, i + 1)?;
+                if first_string.open == 0 {
+                    first_string = StringSpan {
+                        open: i - fields_start,
+                        close: end - fields_start,
+                        escaped,
+                    };
+                }
                 newlines += lines;
                 i = end + 1;
             } else {
@@ -262,10 +283,10 @@ impl<'a> Decoder<'a> {
         }
         let next = self.end_of_line(i)?;
         let raw = &buf[line_start..i];
-        if !raw.is_ascii() {
-            if let Err(e) = std::str::from_utf8(raw) {
-                return Err((line_start + e.valid_up_to(), DecodeErrorKind::InvalidUtf8));
-            }
+        if !raw.is_ascii()
+            && let Err(e) = std::str::from_utf8(raw)
+        {
+            return Err((line_start + e.valid_up_to(), DecodeErrorKind::InvalidUtf8));
         }
         if i - line_start > self.max_line_len {
             return Err((
@@ -287,6 +308,7 @@ impl<'a> Decoder<'a> {
             time,
             default_time: self.default_time,
             number: self.line_no,
+            first_string,
         };
         Ok((line, next, newlines))
     }
@@ -380,22 +402,64 @@ fn scan_token(buf: &[u8], mut i: usize, stop: &[bool; 256]) -> Result<(usize, bo
 
 /// Scans a string field body starting after its opening quote; returns the index of the
 /// closing quote, whether it contained a backslash, and how many raw newlines it holds.
+///
+/// JSON payloads put a special byte (`\"`) every few bytes, so the scan handles every
+/// special of an 8-byte word from one load; after a few words without any it lets
+/// `memchr` jump ahead (plain text, long strings).
 #[inline]
 fn scan_string(buf: &[u8], start: usize) -> Result<(usize, bool, usize), Failure> {
+    let unterminated = || (start - 1, DecodeErrorKind::UnterminatedString);
     let mut i = start;
     let mut escaped = false;
     let mut newlines = 0;
+    let mut quiet_words = 0;
+    while i + 8 <= buf.len() {
+        let mut mask = scan::string_specials(scan::load(buf, i));
+        if mask == 0 {
+            quiet_words += 1;
+            if quiet_words >= 4 {
+                quiet_words = 0;
+                i = scan::find3(buf, i + 8, b'"', b'\\', b'\n').ok_or_else(unterminated)?;
+            } else {
+                i += 8;
+            }
+            continue;
+        }
+        quiet_words = 0;
+        let mut next = i + 8;
+        while mask != 0 {
+            let pos = (mask.trailing_zeros() / 8) as usize;
+            mask &= mask - 1;
+            let at = i + pos;
+            match buf[at] {
+                b'"' => return Ok((at, escaped, newlines)),
+                b'\\' => {
+                    escaped = true;
+                    match buf.get(at + 1) {
+                        None => return Err(unterminated()),
+                        Some(b'\n') => newlines += 1,
+                        Some(_) => {}
+                    }
+                    if pos == 7 {
+                        // The escaped byte opens the next word.
+                        next = at + 2;
+                        break;
+                    }
+                    mask &= !(0xffu64 << ((pos + 1) * 8));
+                }
+                _ => newlines += 1,
+            }
+        }
+        i = next;
+    }
     loop {
-        let Some(offset) = memchr::memchr3(b'"', b'\\', b'\n', &buf[i..]) else {
-            return Err((start - 1, DecodeErrorKind::UnterminatedString));
-        };
-        let at = i + offset;
+        let at = scan::find3(buf, i, b'"', b'\\', b'\n').ok_or_else(unterminated)?;
         match buf[at] {
             b'"' => return Ok((at, escaped, newlines)),
             b'\\' => {
                 escaped = true;
                 match buf.get(at + 1) {
-                    None => return Err((start - 1, DecodeErrorKind::UnterminatedString)),
+                    None => return Err(unterminated()),
                     Some(b'\n') => newlines += 1,
                     Some(_) => {}
                 }
@@ -431,7 +495,11 @@ impl<'a> Line<'a> {
 
     /// The fields in input order; there is always at least one.
     pub fn fields(&self) -> Fields<'a> {
-        Fields { rest: self.fields }
+        Fields {
+            rest: self.fields,
+            offset: 0,
+            first_string: self.first_string,
+        }
     }
 
     /// The first tag with this (unescaped) key.
@@ -506,6 +574,9 @@ impl<'a> Iterator for Tags<'a> {
 #[derive(Debug, Clone)]
 pub struct Fields<'a> {
     rest: &'a [u8],
+    /// Offset of `rest` within the line's field section.
+    offset: usize,
+    first_string: StringSpan,
 }
 
 impl<'a> Iterator for Fields<'a> {
@@ -521,7 +592,13 @@ impl<'a> Iterator for Fields<'a> {
         let key = Token::new(as_str(&rest[..k_end]), k_escaped, TokenKind::Key);
         let v_start = k_end + 1;
         let (value, end) = if rest.get(v_start) == Some(&b'"') {
-            let (close, escaped, _) = scan_string(rest, v_start + 1).ok()?;
+            let known = self.first_string;
+            let (close, escaped) = if known.open != 0 && known.open == self.offset + v_start {
+                (known.close - self.offset, known.escaped)
+            } else {
+                let (close, escaped, _) = scan_string(rest, v_start + 1).ok()?;
+                (close, escaped)
+            };
             let text = as_str(&rest[v_start + 1..close]);
             (value::string_value(text, escaped), close + 1)
         } else {
@@ -532,6 +609,7 @@ impl<'a> Iterator for Fields<'a> {
             (value::parse_unquoted(&rest[v_start..end]).ok()?, end)
         };
         self.rest = rest.get(end + 1..).unwrap_or_default();
+        self.offset += end + 1;
         Some((key, value))
     }
 }

@@ -2,67 +2,63 @@
 
 use super::token::TokenKind;
 
-/// The character a backslash followed by `next` stands for in a token of `kind`, or `None`
-/// when the backslash is literal there.
+/// What a backslash followed by `next` stands for in a token of `kind`, or `None` when the
+/// backslash is literal there.
 #[inline]
-fn escaped_char(kind: TokenKind, next: u8) -> Option<u8> {
+fn escaped_text(kind: TokenKind, next: u8) -> Option<&'static str> {
     match (kind, next) {
-        (TokenKind::Measurement, b' ' | b',') => Some(next),
-        (TokenKind::Key, b' ' | b',' | b'=') => Some(next),
-        (TokenKind::StringField, b'\\' | b'"') => Some(next),
-        (TokenKind::StringField, b'n') => Some(b'\n'),
-        (TokenKind::StringField, b'r') => Some(b'\r'),
-        (TokenKind::StringField, b't') => Some(b'\t'),
+        (TokenKind::Measurement, b' ') | (TokenKind::Key, b' ') => Some(" "),
+        (TokenKind::Measurement, b',') | (TokenKind::Key, b',') => Some(","),
+        (TokenKind::Key, b'=') => Some("="),
+        (TokenKind::StringField, b'\\') => Some("\\"),
+        (TokenKind::StringField, b'"') => Some("\""),
+        (TokenKind::StringField, b'n') => Some("\n"),
+        (TokenKind::StringField, b'r') => Some("\r"),
+        (TokenKind::StringField, b't') => Some("\t"),
         _ => None,
     }
 }
 
-/// Calls `emit` with the unescaped text in pieces; the pieces are borrowed from `raw` or
-/// one-byte escapes, so callers can append or compare without allocating.
+/// Calls `emit` with the unescaped text in pieces, each borrowed from `raw` or a static
+/// escape, so callers append or compare without allocating. Pieces are cut next to ASCII
+/// backslashes, so each is a valid `str`.
 #[inline]
-fn for_each_piece(raw: &str, kind: TokenKind, mut emit: impl FnMut(&[u8]) -> bool) -> bool {
+fn for_each_piece(raw: &str, kind: TokenKind, mut emit: impl FnMut(&str) -> bool) -> bool {
     let bytes = raw.as_bytes();
     let mut start = 0;
-    while let Some(offset) = memchr::memchr(b'\\', &bytes[start..]) {
-        let at = start + offset;
+    let mut from = 0;
+    while let Some(at) = super::scan::find1(bytes, from, b'\\') {
         let Some(&next) = bytes.get(at + 1) else {
             break;
         };
-        match escaped_char(kind, next) {
-            Some(c) => {
-                if !emit(&bytes[start..at]) || !emit(&[c]) {
+        match escaped_text(kind, next) {
+            Some(text) => {
+                if !emit(&raw[start..at]) || !emit(text) {
                     return false;
                 }
                 start = at + 2;
+                from = at + 2;
             }
-            None => {
-                // A literal backslash: keep it and look again from the next byte, so that
-                // `\\,` in a tag reads as a literal backslash then an escaped comma.
-                if !emit(&bytes[start..at + 1]) {
-                    return false;
-                }
-                start = at + 1;
-            }
+            // A literal backslash stays, and the byte after it is looked at afresh, so that
+            // `\\,` in a tag reads as a literal backslash then an escaped comma.
+            None => from = at + 1,
         }
     }
-    emit(&bytes[start..])
+    emit(&raw[start..])
 }
 
 /// Appends the unescaped form of `raw` to `out`.
 pub(crate) fn unescape_into(raw: &str, kind: TokenKind, out: &mut String) {
-    let mut bytes = std::mem::take(out).into_bytes();
+    out.reserve(raw.len());
     for_each_piece(raw, kind, |piece| {
-        bytes.extend_from_slice(piece);
+        out.push_str(piece);
         true
     });
-    // Every piece is either a run of `raw` cut at ASCII bytes or an ASCII escape, so the
-    // result is valid UTF-8; the checked conversion keeps this free of `unsafe`.
-    *out = String::from_utf8(bytes).expect("unescaping keeps UTF-8 valid");
 }
 
 /// Whether the unescaped form of `raw` equals `s`.
 pub(crate) fn unescaped_eq(raw: &str, kind: TokenKind, s: &str) -> bool {
-    let mut rest = s.as_bytes();
+    let mut rest = s;
     let all_matched = for_each_piece(raw, kind, |piece| match rest.strip_prefix(piece) {
         Some(tail) => {
             rest = tail;

@@ -10,6 +10,9 @@ pub(crate) fn parse(raw: &[u8]) -> Result<f64, DecodeErrorKind> {
     if !is_grammatical(raw) {
         return Err(DecodeErrorKind::InvalidFieldValue);
     }
+    if let Some(v) = parse_short_decimal(raw) {
+        return Ok(v);
+    }
     // The grammar admits only ASCII digits, '-', '+', '.', 'e' and 'E'.
     let text = std::str::from_utf8(raw).map_err(|_| DecodeErrorKind::InvalidFieldValue)?;
     let value: f64 = text
@@ -20,6 +23,40 @@ pub(crate) fn parse(raw: &[u8]) -> Result<f64, DecodeErrorKind> {
     } else {
         Err(DecodeErrorKind::OutOfRange)
     }
+}
+
+/// Exact powers of ten representable in an f64.
+const POW10: [f64; 16] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+];
+
+/// Clinger's fast path for the common metric value (`0.73`, `-12.5`, `42`): with at most 15
+/// significant digits and no exponent, mantissa and power of ten are both exact in an f64,
+/// so one division is correctly rounded. Anything else returns `None` for the full parser.
+#[inline]
+fn parse_short_decimal(raw: &[u8]) -> Option<f64> {
+    let (neg, body) = match raw.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, raw),
+    };
+    if body.len() > 16 {
+        return None;
+    }
+    let mut mantissa: u64 = 0;
+    let mut frac_digits = 0usize;
+    let mut seen_point = false;
+    for &b in body {
+        match b {
+            b'0'..=b'9' => {
+                mantissa = mantissa * 10 + u64::from(b - b'0');
+                frac_digits += usize::from(seen_point);
+            }
+            b'.' if !seen_point => seen_point = true,
+            _ => return None,
+        }
+    }
+    let value = mantissa as f64 / POW10[frac_digits];
+    Some(if neg { -value } else { value })
 }
 
 #[inline]
@@ -153,6 +190,26 @@ mod tests {
         assert_eq!(g(-6632243.0), "-6.632243e+06");
         assert_eq!(g(0.73), "0.73");
         assert_eq!(g(123456.5), "123456.5");
+    }
+
+    #[test]
+    fn short_decimals_are_exact() {
+        for text in [
+            "0.73",
+            "-12.5",
+            "42",
+            "1.",
+            ".5",
+            "0.1",
+            "123456789012345",
+            "9007199254740993",
+            "0.000000000000001",
+            "-0",
+        ] {
+            let want: f64 = text.parse().unwrap();
+            let got = parse(text.as_bytes()).unwrap();
+            assert_eq!(got.to_bits(), want.to_bits(), "{text}");
+        }
     }
 
     #[test]

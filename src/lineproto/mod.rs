@@ -31,6 +31,7 @@ mod escape;
 mod float;
 mod point;
 mod precision;
+mod scan;
 mod table;
 mod token;
 mod value;

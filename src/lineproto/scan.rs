@@ -1,0 +1,88 @@
+//! Finding the next special byte in string fields, where specials (`"`, `\`, newline) are
+//! dense in JSON payloads (a `\"` every few bytes) and sparse in plain text.
+//!
+//! A call to `memchr` costs a few nanoseconds of set-up, which dominates when the next match
+//! is a handful of bytes away. So the first bytes are searched eight at a time with exact
+//! SWAR arithmetic on a `u64` word, and only a longer run falls through to `memchr`'s SIMD.
+
+const LO7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+const ONES: u64 = 0x0101_0101_0101_0101;
+/// How far the word-at-a-time search goes before handing over to `memchr`.
+const SWAR_SPAN: usize = 32;
+
+/// Mask of the bytes of `word` that are `"`, `\` or a newline (high bit of each).
+#[inline(always)]
+pub(crate) fn string_specials(word: u64) -> u64 {
+    eq_mask(word, b'"') | eq_mask(word, b'\\') | eq_mask(word, b'\n')
+}
+
+/// High bit set in exactly the bytes of `word` equal to `byte` (no false positives).
+#[inline(always)]
+fn eq_mask(word: u64, byte: u8) -> u64 {
+    let x = word ^ (ONES * u64::from(byte));
+    !(((x & LO7) + LO7) | x | LO7)
+}
+
+#[inline(always)]
+pub(crate) fn load(bytes: &[u8], i: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[i..i + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// The index of the first byte at or after `from` that is `a`, `b` or `c`.
+#[inline]
+pub(crate) fn find3(bytes: &[u8], from: usize, a: u8, b: u8, c: u8) -> Option<usize> {
+    let mut i = from;
+    let swar_end = bytes.len().min(from.saturating_add(SWAR_SPAN));
+    while i + 8 <= swar_end {
+        let word = load(bytes, i);
+        let mask = eq_mask(word, a) | eq_mask(word, b) | eq_mask(word, c);
+        if mask != 0 {
+            return Some(i + (mask.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    memchr::memchr3(a, b, c, &bytes[i..]).map(|offset| i + offset)
+}
+
+/// The index of the first `byte` at or after `from`.
+#[inline]
+pub(crate) fn find1(bytes: &[u8], from: usize, byte: u8) -> Option<usize> {
+    let mut i = from;
+    let swar_end = bytes.len().min(from.saturating_add(SWAR_SPAN));
+    while i + 8 <= swar_end {
+        let mask = eq_mask(load(bytes, i), byte);
+        if mask != 0 {
+            return Some(i + (mask.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    memchr::memchr(byte, &bytes[i..]).map(|offset| i + offset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agrees_with_a_plain_search() {
+        let hay: Vec<u8> = (0..300u32).map(|i| (i * 37 % 251) as u8).collect();
+        for from in 0..hay.len() {
+            for (a, b, c) in [
+                (b'"', b'\\', b'\n'),
+                (0, 1, 2),
+                (0x7f, 0x80, 0xff),
+                (200, 201, 202),
+            ] {
+                let want = hay[from..]
+                    .iter()
+                    .position(|&x| x == a || x == b || x == c)
+                    .map(|p| p + from);
+                assert_eq!(find3(&hay, from, a, b, c), want);
+                let want1 = hay[from..].iter().position(|&x| x == a).map(|p| p + from);
+                assert_eq!(find1(&hay, from, a), want1);
+            }
+        }
+    }
+}
