@@ -37,7 +37,10 @@ enum Expected {
 }
 
 fn corpus() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/line-protocol-corpus/corpus.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/line-protocol-corpus/corpus.json"
+    );
     let text = std::fs::read_to_string(path).expect("read corpus.json");
     serde_json::from_str(&text).expect("parse corpus.json")
 }
@@ -132,7 +135,8 @@ fn every_decode_case_agrees() {
                 (Expected::Error, Err(_)) => {}
                 (Expected::String(s), Ok(points))
                     if points.len() == 1
-                        && points[0].fields == [("v".to_owned(), OwnedValue::String((*s).to_owned()))] => {}
+                        && points[0].fields
+                            == [("v".to_owned(), OwnedValue::String((*s).to_owned()))] => {}
                 _ => panic!("divergent case {key} ({reason}) decoded to {got:?}"),
             }
             diverged.push(key.clone());
@@ -165,7 +169,11 @@ fn every_decode_case_agrees() {
             failures.push(key.clone());
         }
     }
-    assert_eq!(diverged.len(), DIVERGENCES.len(), "every listed divergence is in the corpus");
+    assert_eq!(
+        diverged.len(),
+        DIVERGENCES.len(),
+        "every listed divergence is in the corpus"
+    );
     assert!(
         failures.is_empty(),
         "{} of {} cases disagree:\n{}",
@@ -193,7 +201,10 @@ fn every_encode_case_agrees() {
                 let want = output["result"].as_str().expect("result text");
                 // Byte-exact with Go's encoder (it adds the trailing newline the corpus omits).
                 if bytes != format!("{want}\n").as_bytes() {
-                    failures.push(format!("{key}: want {want:?}, got {:?}", String::from_utf8_lossy(&bytes)));
+                    failures.push(format!(
+                        "{key}: want {want:?}, got {:?}",
+                        String::from_utf8_lossy(&bytes)
+                    ));
                 }
                 // And the round trip through the decoder gives the point back.
                 let decoded = decode_all(&bytes, DecoderOptions::default());
