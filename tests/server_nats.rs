@@ -226,7 +226,6 @@ async fn consumer_survives_nats_restart() {
         "heartbeat after the restart",
         Duration::from_secs(20),
         || {
-            let publish = publish.clone();
             let (server, after) = (&server, &after);
             async move {
                 publish(after.clone()).await;

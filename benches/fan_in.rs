@@ -1,0 +1,216 @@
+//! Heartbeat fan-in, end to end: N registered instances heartbeat through a real
+//! nats-server on loopback in multi-line messages; the fleet server decodes, coalesces and
+//! applies them to its SQLite registry.
+//!
+//! ```text
+//! cargo bench --bench fan_in --features server
+//! FANIN_INSTANCES=100000 FANIN_ROUNDS=5 FANIN_BATCH=1000 cargo bench --bench fan_in --features server
+//! ```
+//!
+//! Reports registration time, the decode stage alone (classify every line and parse the
+//! id, one core), and heartbeats per second applied end to end for the first round (every
+//! instance goes pending -> active: one row write each) and for the following rounds
+//! (instances already active: a row is written once per instance per second), with the
+//! number of heartbeats lost. Needs `nats-server` (NATS_SERVER_BIN or PATH).
+
+#[path = "../tests/support/nats.rs"]
+mod nats;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use ccfleet::server::registry::{Registration, Registry, parse_instance_id};
+use ccfleet::server::{RunningServer, ServerConfig};
+use ccfleet::wire::{
+    HeartbeatLine, Scope, ServiceType, encode_heartbeat_into, now_ns, scan_heartbeats,
+};
+
+const SUBJECT: &str = "cc.fleet.event";
+
+fn env_usize(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a positive integer")),
+        Err(_) => default,
+    }
+}
+
+fn per_second(count: u64, elapsed: Duration) -> f64 {
+    count as f64 / elapsed.as_secs_f64()
+}
+
+/// One core: classify every line and parse every accepted id, as the consumer does.
+fn decode_stage(messages: &[Vec<u8>], heartbeats: usize) {
+    let mut ids = Vec::with_capacity(4096);
+    let mut total = 0u64;
+    let mut passes = 0u32;
+    let started = Instant::now();
+    while passes < 3 || started.elapsed() < Duration::from_secs(2) {
+        for message in messages {
+            ids.clear();
+            scan_heartbeats(message, |line| {
+                if let HeartbeatLine::Accepted(id) = line
+                    && let Some(id) = parse_instance_id(id)
+                {
+                    ids.push(id);
+                }
+            })
+            .expect("valid heartbeat message");
+            total += ids.len() as u64;
+        }
+        passes += 1;
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(total, heartbeats as u64 * u64::from(passes));
+    println!(
+        "decode stage: {total} heartbeats in {:.3} s on one core = {:.2} M heartbeats/s",
+        elapsed.as_secs_f64(),
+        per_second(total, elapsed) / 1e6
+    );
+}
+
+/// Publishes `rounds` rounds of `messages` and waits until the server has applied them.
+async fn publish_and_wait(
+    server: &RunningServer,
+    publisher: &async_nats::Client,
+    messages: &[Vec<u8>],
+    heartbeats_per_round: u64,
+    rounds: usize,
+    label: &str,
+) {
+    let before = server.heartbeat_stats();
+    let expected = heartbeats_per_round * rounds as u64;
+    let started = Instant::now();
+    for _ in 0..rounds {
+        for message in messages {
+            publisher
+                .publish(SUBJECT, message.clone().into())
+                .await
+                .expect("publish");
+        }
+    }
+    publisher.flush().await.expect("flush");
+    let published_in = started.elapsed();
+    let mut last_progress = (Instant::now(), 0);
+    let done = loop {
+        let now = server.heartbeat_stats();
+        let settled = (now.applied - before.applied) + (now.unknown - before.unknown);
+        if settled >= expected {
+            break Instant::now();
+        }
+        if settled != last_progress.1 {
+            last_progress = (Instant::now(), settled);
+        } else if last_progress.0.elapsed() > Duration::from_secs(5) {
+            // No progress for 5 s: whatever has not arrived is lost.
+            break last_progress.0;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    let elapsed = done - started;
+    let now = server.heartbeat_stats();
+    let applied = now.applied - before.applied;
+    let unknown = now.unknown - before.unknown;
+    let lost = expected.saturating_sub(applied);
+    println!(
+        "{label}: {expected} heartbeats published in {:.3} s, applied {applied} in {:.3} s = {:.0} heartbeats/s end to end; lost {lost}, unknown {unknown}, dropped messages {}",
+        published_in.as_secs_f64(),
+        elapsed.as_secs_f64(),
+        per_second(applied, elapsed),
+        now.dropped - before.dropped,
+    );
+}
+
+async fn run() {
+    let instances = env_usize("FANIN_INSTANCES", 100_000);
+    let rounds = env_usize("FANIN_ROUNDS", 5).max(2);
+    let batch = env_usize("FANIN_BATCH", 1000).max(1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("fleet.sqlite");
+
+    // Register straight into the registry file the server will open.
+    let started = Instant::now();
+    let registry = Registry::open(Some(&db)).expect("open registry");
+    let mut ids = Vec::with_capacity(instances);
+    for i in 0..instances {
+        let registered = registry
+            .register(Registration {
+                scope: Scope::Cluster,
+                cluster: format!("cluster{}", i / 1000),
+                hostname: format!("node{i:06}"),
+                service_type: ServiceType::MetricCollector,
+                meta: BTreeMap::new(),
+            })
+            .await
+            .expect("register");
+        ids.push(registered.instance_id);
+    }
+    drop(registry);
+    println!(
+        "registered {instances} instances in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let mut messages = Vec::with_capacity(instances.div_ceil(batch));
+    for chunk in ids.chunks(batch) {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        let mut message = Vec::with_capacity(chunk.len() * 112);
+        encode_heartbeat_into(&mut message, now_ns(), &refs).expect("encode");
+        messages.push(message);
+    }
+    println!(
+        "{} messages of up to {batch} heartbeats ({} bytes each)",
+        messages.len(),
+        messages[0].len()
+    );
+    decode_stage(&messages, instances);
+
+    let nats = nats::NatsServer::start();
+    let config = serde_json::json!({
+        "addr": "127.0.0.1:0",
+        "db": db,
+        "disable-authentication": true,
+        "nats": {"address": nats.url()},
+        "fleet": {"heartbeat-subject": SUBJECT, "discovery-interval": "1h"}
+    });
+    let server = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
+        .await
+        .expect("server starts");
+    let publisher = async_nats::connect(nats.url()).await.expect("connect");
+
+    publish_and_wait(
+        &server,
+        &publisher,
+        &messages,
+        instances as u64,
+        1,
+        "round 1 (pending -> active)",
+    )
+    .await;
+    publish_and_wait(
+        &server,
+        &publisher,
+        &messages,
+        instances as u64,
+        rounds - 1,
+        &format!("rounds 2-{rounds} (active)"),
+    )
+    .await;
+    let active = server.registry().counts().active;
+    server.shutdown().await.expect("shutdown");
+    let stats_note = if active == instances as u64 {
+        "all instances active"
+    } else {
+        "NOT all instances active"
+    };
+    println!("registry: {active} of {instances} active ({stats_note})");
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; this harness takes no arguments.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(run());
+}
