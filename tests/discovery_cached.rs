@@ -222,61 +222,104 @@ async fn a_first_refresh_failure_is_reported_without_a_set() {
     assert_eq!(err.last_known(), None);
 }
 
-#[tokio::test]
+/// Waits, on the paused clock, until the cache has completed `n` refreshes.
+async fn refreshes_paused(cache: &Cached, n: u64) {
+    let mut rx = cache.subscribe();
+    // Virtual time: the bound only turns a hang into a failure, it costs nothing.
+    tokio::time::timeout(Duration::from_secs(600), rx.wait_for(|s| s.refreshes >= n))
+        .await
+        .expect("refreshes happen")
+        .expect("cache alive");
+}
+
+#[tokio::test(start_paused = true)]
+async fn start_refreshes_immediately_then_every_ten_seconds_until_stopped() {
+    let source = Scripted::new("src", vec![Ok(vec![instance("a", "10.0.0.1", 1)])]);
+    let cache = Cached::new(source.clone());
+    let t0 = tokio::time::Instant::now();
+    cache.start().await;
+    cache.start().await; // already running: no second loop
+    refreshes_paused(&cache, 1).await;
+    assert_eq!(
+        t0.elapsed(),
+        Duration::ZERO,
+        "the first refresh is immediate"
+    );
+    refreshes_paused(&cache, 2).await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(10));
+    refreshes_paused(&cache, 3).await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(20));
+    assert_eq!(source.calls(), 3);
+    assert!(cache.is_running());
+
+    cache.stop().await;
+    assert!(!cache.is_running());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(source.calls(), 3, "no refresh after stop");
+    // The set survives the loop.
+    assert_eq!(cache.list_instances().await.unwrap().len(), 1);
+
+    // And the loop can be started again, refreshing at once.
+    let t1 = tokio::time::Instant::now();
+    cache.start().await;
+    refreshes_paused(&cache, 4).await;
+    assert_eq!(t1.elapsed(), Duration::ZERO);
+    cache.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn each_refresh_is_bounded_by_the_timeout() {
-    let cache = Cached::with_timing(
-        Scripted::hanging(),
-        CACHE_REFRESH_INTERVAL,
-        Duration::from_millis(50),
-    );
+    let cache = Cached::new(Scripted::hanging());
+    let t0 = tokio::time::Instant::now();
     let err = cache.refresh().await.unwrap_err();
-    assert!(
-        matches!(*err, DiscoveryError::TimedOut { after } if after == Duration::from_millis(50))
-    );
+    assert_eq!(t0.elapsed(), CACHE_REFRESH_INTERVAL);
+    assert!(matches!(*err, DiscoveryError::TimedOut { after } if after == CACHE_REFRESH_INTERVAL));
     let listed = cache.list_instances().await.unwrap_err();
     assert!(
-        listed.to_string().contains("did not finish within 50ms"),
+        listed.to_string().contains("did not finish within 10s"),
         "{listed}"
     );
 }
 
-#[tokio::test]
-async fn the_loop_refreshes_on_its_interval_and_stop_ends_it() {
-    let source = Scripted::new("src", vec![Ok(vec![instance("a", "10.0.0.1", 1)])]);
-    let cache = Cached::with_timing(source.clone(), Duration::from_millis(20), PROMPTLY);
+#[tokio::test(start_paused = true)]
+async fn a_hanging_source_times_out_inside_the_loop_too() {
+    let source = Scripted::hanging();
+    let cache = Cached::with_timing(
+        source.clone(),
+        Duration::from_secs(10),
+        Duration::from_secs(3),
+    );
+    let t0 = tokio::time::Instant::now();
     cache.start().await;
-    cache.start().await; // already running: no second loop
-    refreshes(&cache, 3).await;
-    assert!(cache.is_running());
-    cache.stop().await;
-    assert!(!cache.is_running());
-    let calls = source.calls();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(source.calls(), calls, "no refresh after stop");
-    // The set survives the loop.
-    assert_eq!(cache.list_instances().await.unwrap().len(), 1);
-
-    // And it can be started again.
-    cache.start().await;
-    refreshes(&cache, cache.snapshot().refreshes + 1).await;
+    refreshes_paused(&cache, 1).await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(3));
+    let snapshot = cache.snapshot();
+    assert!(snapshot.instances.is_none());
+    assert!(matches!(
+        snapshot.error.as_deref(),
+        Some(DiscoveryError::TimedOut { .. })
+    ));
+    // The next refresh is still on the interval, not right after the timeout.
+    refreshes_paused(&cache, 2).await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(13));
+    assert_eq!(source.calls(), 2);
     cache.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn stop_cancels_a_refresh_in_flight() {
     let source = Scripted::hanging();
     let cache = Cached::new(source.clone());
+    let t0 = tokio::time::Instant::now();
     cache.start().await;
-    tokio::time::timeout(PROMPTLY, async {
-        while source.calls() == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the first refresh starts");
-    tokio::time::timeout(PROMPTLY, cache.stop())
-        .await
-        .expect("stop does not wait for the hanging source");
+    while source.calls() == 0 {
+        tokio::task::yield_now().await;
+    }
+    cache.stop().await;
+    assert!(
+        t0.elapsed() < CACHE_REFRESH_INTERVAL,
+        "stop did not wait for the refresh timeout"
+    );
     assert!(
         cache
             .list_instances()
@@ -286,17 +329,15 @@ async fn stop_cancels_a_refresh_in_flight() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn dropping_the_cache_ends_its_loop() {
     let source = Scripted::new("src", vec![Ok(vec![])]);
-    let cache = Cached::with_timing(source.clone(), Duration::from_millis(10), PROMPTLY);
+    let cache = Cached::new(source.clone());
     cache.start().await;
-    refreshes(&cache, 2).await;
+    refreshes_paused(&cache, 2).await;
     drop(cache);
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let calls = source.calls();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(source.calls(), calls);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(source.calls(), 2);
 }
 
 #[test]

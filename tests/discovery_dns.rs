@@ -323,6 +323,24 @@ async fn a_dead_resolver_is_an_error_after_the_configured_attempts() {
     assert!(ids.len() >= 2, "each attempt carries its own query id");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_dead_resolver_costs_three_two_second_exchanges_five_ms_apart() {
+    let silent = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let dns = Dns::new(hosts(&["orch.example"]), silent.local_addr().unwrap(), 5008);
+    let t0 = tokio::time::Instant::now();
+    let err = dns.list_instances().await.unwrap_err();
+    let elapsed = t0.elapsed();
+    assert!(
+        matches!(&err, DiscoveryError::DnsAllFailed(e) if matches!(&e[..], [DiscoveryError::DnsTimeout { after, .. }] if *after == Duration::from_secs(2))),
+        "{err:?}"
+    );
+    // 3 x 2 s plus two 5 ms pauses, on the paused clock (timers round up to the millisecond).
+    assert!(
+        elapsed >= Duration::from_millis(6010) && elapsed < Duration::from_millis(6050),
+        "{elapsed:?}"
+    );
+}
+
 #[test]
 fn defaults_match_the_reference() {
     assert_eq!(
