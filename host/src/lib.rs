@@ -8,6 +8,7 @@
 //! service discovery.
 #![warn(missing_docs)]
 
+pub mod agent;
 mod bindings;
 mod cache;
 pub mod componentize;

@@ -1,0 +1,280 @@
+//! The agent's configuration file (`ccfleet agent --config FILE`).
+//!
+//! ```json
+//! {
+//!   "service-type": "ccmc",
+//!   "fleet": {"url": "http://backend:8080", "cluster": "fritz", "heartbeat-subject": "cc.fleet.event"},
+//!   "nats": {"address": "nats://nats01:4222", "creds-file-path": "/etc/cc/nats.creds"},
+//!   "discovery": {"provider": "STATIC", "static-endpoints": ["ms1:8080"]},
+//!   "metrics": {"type": "nats", "subject": "cc.metric.fritz"},
+//!   "plugins": [{"path": "plugins/loadavg.wasm", "collect-interval": "10s",
+//!                "capabilities": {"wasi": true, "read-dirs": ["/proc"]}}]
+//! }
+//! ```
+//!
+//! Relative plugin paths are resolved against the directory of the configuration file.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ccfleet::duration::serde_go;
+use ccfleet::wire::ServiceType;
+use serde::Deserialize;
+
+use super::AgentError;
+use crate::PluginSpec;
+
+/// The whole agent configuration.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AgentConfig {
+    /// The service type this agent registers as (a code such as `ccmc`).
+    #[serde(default = "default_service_type")]
+    pub service_type: ServiceType,
+    /// The fleet client's section, as `ccfleet::client::Config` reads it.
+    pub fleet: serde_json::Value,
+    /// Metadata registered with the instance (broadcast in rosters: no secrets).
+    #[serde(default)]
+    pub meta: BTreeMap<String, String>,
+    /// The NATS connection (heartbeats, rosters, metrics); REST only without it.
+    #[serde(default)]
+    pub nats: Option<NatsConfig>,
+    /// A service-discovery provider whose instances are merged with the fleet rosters.
+    #[serde(default)]
+    pub discovery: Option<ccfleet::discovery::provider::Config>,
+    /// How often discovery is refreshed.
+    #[serde(default = "default_discovery_interval", with = "serde_go")]
+    pub discovery_refresh_interval: Duration,
+    /// Where emitted metrics go.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+    /// Where compiled plugins are cached; the user cache directory by default.
+    #[serde(default)]
+    pub plugin_cache_dir: Option<PathBuf>,
+    /// How often plugin files are checked for changes.
+    #[serde(default = "default_watch_interval", with = "serde_go")]
+    pub plugin_watch_interval: Duration,
+    /// The plugins.
+    #[serde(default)]
+    pub plugins: Vec<PluginSpec>,
+}
+
+fn default_service_type() -> ServiceType {
+    ServiceType::MetricCollector
+}
+
+fn default_discovery_interval() -> Duration {
+    ccfleet::discovery::CACHE_REFRESH_INTERVAL
+}
+
+fn default_watch_interval() -> Duration {
+    Duration::from_secs(2)
+}
+
+impl fmt::Debug for AgentConfig {
+    // The fleet section may hold a token: only its shape is shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AgentConfig")
+            .field("service_type", &self.service_type)
+            .field("fleet", &"<fleet section>")
+            .field("meta", &self.meta)
+            .field("nats", &self.nats)
+            .field("discovery", &self.discovery.as_ref().map(|d| &d.provider))
+            .field("metrics", &self.metrics)
+            .field("plugins", &self.plugins)
+            .finish()
+    }
+}
+
+impl AgentConfig {
+    /// Parses a configuration; relative plugin paths are resolved against `base`.
+    pub fn from_json(text: &str, base: &Path) -> Result<AgentConfig, AgentError> {
+        let mut config: AgentConfig = serde_json::from_str(text)
+            .map_err(|e| AgentError::Config(format!("invalid agent configuration: {e}")))?;
+        for plugin in &mut config.plugins {
+            plugin.resolve_path(base);
+            plugin.validate()?;
+        }
+        if let Some(dir) = &mut config.plugin_cache_dir
+            && dir.is_relative()
+        {
+            *dir = base.join(&*dir);
+        }
+        Ok(config)
+    }
+
+    /// Reads and parses a configuration file.
+    pub fn load(path: &Path) -> Result<AgentConfig, AgentError> {
+        let text = std::fs::read_to_string(path).map_err(|source| AgentError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        AgentConfig::from_json(&text, base)
+    }
+}
+
+/// The NATS section, with cc-lib's keys.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct NatsConfig {
+    /// The server, e.g. `nats://localhost:4222`.
+    pub address: String,
+    /// User name (else `CC_NATS_USERNAME`).
+    #[serde(default)]
+    pub username: String,
+    /// Password (else `CC_NATS_PASSWORD`).
+    #[serde(default)]
+    pub password: String,
+    /// A `.creds` file (JWT and nkey seed).
+    #[serde(default)]
+    pub creds_file_path: String,
+    /// A file holding an nkey seed.
+    #[serde(default)]
+    pub nkey_seed_file: String,
+}
+
+impl fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsConfig")
+            .field("address", &self.address)
+            .field("username", &(!self.username.is_empty()))
+            .field("password", &(!self.password.is_empty()))
+            .field("creds_file_path", &self.creds_file_path)
+            .field("nkey_seed_file", &self.nkey_seed_file)
+            .finish()
+    }
+}
+
+/// The variable consulted when `username` is empty.
+pub const ENV_NATS_USERNAME: &str = "CC_NATS_USERNAME";
+/// The variable consulted when `password` is empty.
+pub const ENV_NATS_PASSWORD: &str = "CC_NATS_PASSWORD";
+
+/// `value`, else the variable `name`, else the contents of the file named by `name_FILE`.
+fn secret(value: &str, name: &str) -> Result<String, AgentError> {
+    if !value.is_empty() {
+        return Ok(value.to_owned());
+    }
+    if let Some(v) = std::env::var(name).ok().filter(|v| !v.is_empty()) {
+        return Ok(v);
+    }
+    let file_var = format!("{name}_FILE");
+    match std::env::var_os(&file_var).filter(|v| !v.is_empty()) {
+        Some(path) => std::fs::read_to_string(&path)
+            .map(|s| s.trim().to_owned())
+            .map_err(|e| {
+                AgentError::Config(format!("cannot read the file named by {file_var}: {e}"))
+            }),
+        None => Ok(String::new()),
+    }
+}
+
+impl NatsConfig {
+    /// Connects, retrying the first connection and reconnecting forever: the agent starts
+    /// (and keeps heartbeating over REST) while NATS is down.
+    pub async fn connect(&self) -> Result<async_nats::Client, AgentError> {
+        let mut options = async_nats::ConnectOptions::new()
+            .name("ccfleet-agent")
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .event_callback(|event| async move {
+                match event {
+                    async_nats::Event::Connected => tracing::info!("NATS connected"),
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!("NATS disconnected; reconnecting")
+                    }
+                    other => tracing::debug!("NATS event: {other}"),
+                }
+            });
+        let username = secret(&self.username, ENV_NATS_USERNAME)?;
+        let password = secret(&self.password, ENV_NATS_PASSWORD)?;
+        if !username.is_empty() && !password.is_empty() {
+            options = options.user_and_password(username, password);
+        }
+        if !self.creds_file_path.is_empty() {
+            options = options
+                .credentials_file(&self.creds_file_path)
+                .await
+                .map_err(|e| {
+                    AgentError::Config(format!(
+                        "cannot read NATS credentials {}: {e}",
+                        self.creds_file_path
+                    ))
+                })?;
+        }
+        if !self.nkey_seed_file.is_empty() {
+            let seed = std::fs::read_to_string(&self.nkey_seed_file).map_err(|e| {
+                AgentError::Config(format!(
+                    "cannot read NATS nkey seed {}: {e}",
+                    self.nkey_seed_file
+                ))
+            })?;
+            options = options.nkey(seed.trim().to_owned());
+        }
+        options
+            .connect(self.address.as_str())
+            .await
+            .map_err(|e| AgentError::Nats(format!("cannot connect to {}: {e}", self.address)))
+    }
+}
+
+/// Where metrics go.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MetricsConfig {
+    /// `nats` or `stdout`; `nats` when a NATS section exists, else `stdout`.
+    #[serde(default, rename = "type")]
+    pub kind: Option<SinkKind>,
+    /// The NATS subject (default `cc.metric`, or `cc.metric.<cluster>` with a cluster).
+    #[serde(default)]
+    pub subject: Option<String>,
+}
+
+/// The metric sink's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// Publish to NATS.
+    Nats,
+    /// Write to standard output.
+    Stdout,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_configuration() {
+        let config = AgentConfig::from_json(
+            r#"{"service-type":"ccms","fleet":{"url":"http://h:8080","token":"secret"},
+                "nats":{"address":"nats://n:4222","username":"u","password":"p"},
+                "discovery":{"provider":"STATIC","static-endpoints":["a:1"]},
+                "discovery-refresh-interval":"5s",
+                "metrics":{"type":"nats","subject":"cc.metric.fritz"},
+                "plugins":[{"path":"p/l.wasm","collect-interval":"10s"}]}"#,
+            Path::new("/etc/cc"),
+        )
+        .unwrap();
+        assert_eq!(config.service_type, ServiceType::MetricStore);
+        assert_eq!(config.plugins[0].path, Path::new("/etc/cc/p/l.wasm"));
+        assert_eq!(config.discovery_refresh_interval, Duration::from_secs(5));
+        assert_eq!(config.metrics.kind, Some(SinkKind::Nats));
+        let shown = format!("{config:?}");
+        assert!(
+            !shown.contains("secret") && !shown.contains("\"p\""),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn rejects_unknown_keys() {
+        let err = AgentConfig::from_json(r#"{"fleet":{},"plugin":[]}"#, Path::new("."))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `plugin`"), "{err}");
+    }
+}

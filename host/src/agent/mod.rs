@@ -1,0 +1,383 @@
+//! The agent: what a ClusterCockpit service runs. It joins the fleet with the fleet client,
+//! runs service discovery, and hands every configuration, roster and instance set to its
+//! plugins, whose metrics go to NATS (or stdout).
+
+pub mod config;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ccfleet::client::{self, Client, Options, Update};
+use ccfleet::discovery::{self, Cached, Discoverer, FleetRosters, Merged};
+use ccfleet::wire;
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+
+pub use config::{AgentConfig, MetricsConfig, NatsConfig, SinkKind};
+
+use crate::sink::{self, Target};
+use crate::types::{ConfigUpdate, Instance, Provider, Source};
+use crate::{FeedSenders, HostError, PluginEvent, PluginHandle, Runtime, RuntimeOptions};
+
+/// How long the first registration and configuration pull may take before the agent goes on
+/// with the cached (or local) configuration.
+const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long deregistration may take at shutdown.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Batches buffered between the plugins and the metric output.
+const SINK_CAPACITY: usize = 1024;
+
+/// Why the agent could not start or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The configuration file could not be read.
+    #[error("cannot read agent configuration {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The configuration is invalid.
+    #[error("{0}")]
+    Config(String),
+    /// The fleet section is invalid.
+    #[error("invalid fleet section: {0}")]
+    Fleet(#[from] client::ConfigError),
+    /// The fleet client failed.
+    #[error("fleet client: {0}")]
+    Client(#[from] client::Error),
+    /// Bootstrapping failed for a reason other than cc-backend being unreachable.
+    #[error("cannot join the fleet: {0}")]
+    Bootstrap(#[from] client::BootstrapError),
+    /// Service discovery could not be set up.
+    #[error("service discovery: {0}")]
+    Discovery(#[from] discovery::DiscoveryError),
+    /// NATS could not be set up.
+    #[error("NATS: {0}")]
+    Nats(String),
+    /// The plugin host could not be set up.
+    #[error(transparent)]
+    Host(#[from] HostError),
+}
+
+/// Converts a fleet client update into the plugins' snapshot type.
+pub fn config_update(update: &Update) -> ConfigUpdate {
+    ConfigUpdate {
+        config: update.config.clone(),
+        revision: update.revision.clone(),
+        source: match update.source {
+            client::Source::None => Source::None,
+            client::Source::Fleet => Source::Fleet,
+            client::Source::Cache => Source::Cache,
+        },
+    }
+}
+
+/// Converts a roster entry into the plugins' type.
+pub fn provider(p: &wire::Provider) -> Provider {
+    Provider {
+        service_type: p.service_type.code().to_owned(),
+        hostname: p.hostname.clone(),
+        state: p.state.clone(),
+        meta: p.meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+    }
+}
+
+/// Converts a discovered instance into the plugins' type.
+pub fn instance(i: &discovery::Instance) -> Instance {
+    Instance {
+        workload_id: i.workload_id.clone(),
+        node_id: i.node_id.clone(),
+        ip_address: i.ip_address.clone(),
+        port: i.port,
+        backend: i.backend.clone(),
+    }
+}
+
+/// An agent that is configured but not started: subscribe to its events first, so nothing
+/// of the start is missed.
+pub struct Agent {
+    config: AgentConfig,
+    runtime: Runtime,
+}
+
+/// A started agent.
+pub struct RunningAgent {
+    client: Client,
+    runtime: Runtime,
+    initial: Update,
+    nats: Option<async_nats::Client>,
+    plugins: Vec<PluginHandle>,
+    run: JoinHandle<Result<(), client::Error>>,
+    forwarders: Vec<JoinHandle<()>>,
+    discovery: Option<Arc<Cached>>,
+    sink: Option<JoinHandle<()>>,
+}
+
+impl Agent {
+    /// Checks the configuration and sets up the plugin runtime; no network I/O.
+    pub fn new(config: AgentConfig) -> Result<Agent, AgentError> {
+        let runtime = Runtime::new(RuntimeOptions {
+            cache_dir: config
+                .plugin_cache_dir
+                .clone()
+                .or_else(crate::runtime::default_cache_dir),
+            watch_interval: config.plugin_watch_interval,
+            ..RuntimeOptions::default()
+        })?;
+        Ok(Agent { config, runtime })
+    }
+
+    /// Events of all plugins of this agent.
+    pub fn subscribe(&self) -> broadcast::Receiver<PluginEvent> {
+        self.runtime.subscribe()
+    }
+
+    /// Connects NATS, joins the fleet (falling back to the cached or local configuration when
+    /// cc-backend is unreachable), starts discovery and the plugins, and runs the client.
+    pub async fn start(self) -> Result<RunningAgent, AgentError> {
+        let Agent { config, runtime } = self;
+        let fleet = client::Config::from_value(config.fleet.clone())?;
+        let cluster = fleet.cluster.clone();
+
+        let nats = match &config.nats {
+            Some(section) => Some(section.connect().await?),
+            None => None,
+        };
+        let mut options = Options::new(fleet, config.service_type);
+        options.meta = config.meta.clone();
+        if let Some(nats) = &nats {
+            let nats = nats.clone();
+            options.nats = Some(Arc::new(move || Some(nats.clone())));
+        }
+        let client = Client::new(options)?;
+
+        let initial = match client.bootstrap(BOOTSTRAP_TIMEOUT).await {
+            Ok(update) => {
+                tracing::info!(revision = %update.revision, "joined the fleet");
+                update
+            }
+            Err(error) if error.is_unreachable() => {
+                let fallback = error.into_fallback();
+                match fallback.source {
+                    client::Source::Cache => tracing::warn!(
+                        revision = %fallback.revision,
+                        "cc-backend is unreachable; running from the cached configuration and retrying"
+                    ),
+                    _ => tracing::warn!(
+                        "cc-backend is unreachable and nothing is cached; running from the local configuration and retrying"
+                    ),
+                }
+                fallback
+            }
+            Err(error) => return Err(error.into()),
+        };
+
+        let feeds = Arc::new(FeedSenders::new());
+        feeds.set_config(config_update(&initial));
+        let mut forwarders = Vec::new();
+
+        let mut configs = client.configs();
+        let to_plugins = feeds.clone();
+        forwarders.push(tokio::spawn(async move {
+            while let Some(update) = configs.recv().await {
+                tracing::info!(revision = %update.revision, "configuration changed");
+                to_plugins.set_config(config_update(&update));
+            }
+        }));
+
+        // Rosters go to the plugins and, as instances, into discovery.
+        let (roster_tx, roster_rx) = watch::channel(Vec::new());
+        let mut rosters = client.rosters();
+        let to_plugins = feeds.clone();
+        forwarders.push(tokio::spawn(async move {
+            while let Some(roster) = rosters.recv().await {
+                to_plugins.set_roster(roster.iter().map(provider).collect());
+                roster_tx.send_replace(roster);
+            }
+        }));
+
+        let fleet_rosters: Arc<dyn Discoverer> = Arc::new(FleetRosters::awaiting_first(
+            roster_rx,
+            default_port(&config),
+        ));
+        let lister: Arc<dyn Discoverer> = match &config.discovery {
+            Some(section) => Arc::new(Merged::new(
+                discovery::provider::new(section)?,
+                fleet_rosters,
+            )),
+            None => fleet_rosters,
+        };
+        let cached = Arc::new(Cached::with_timing(
+            lister,
+            config.discovery_refresh_interval,
+            config.discovery_refresh_interval,
+        ));
+        cached.start().await;
+        let mut snapshots = cached.subscribe();
+        let to_plugins = feeds.clone();
+        forwarders.push(tokio::spawn(async move {
+            let mut last: Option<Vec<Instance>> = None;
+            loop {
+                let current = snapshots
+                    .borrow_and_update()
+                    .instances
+                    .as_ref()
+                    .map(|list| list.iter().map(instance).collect::<Vec<_>>());
+                if let Some(current) = current
+                    && last.as_ref() != Some(&current)
+                {
+                    to_plugins.set_instances(current.clone());
+                    last = Some(current);
+                }
+                if snapshots.changed().await.is_err() {
+                    return;
+                }
+            }
+        }));
+
+        let (sink_handle, batches) = sink::channel(SINK_CAPACITY);
+        let target = match (config.metrics.kind, &nats) {
+            (Some(SinkKind::Stdout), _) | (None, None) => Target::Stdout,
+            (_, Some(client)) => Target::Nats {
+                client: client.clone(),
+                subject: config.metrics.subject.clone().unwrap_or_else(|| {
+                    if cluster.is_empty() {
+                        "cc.metric".to_owned()
+                    } else {
+                        format!("cc.metric.{cluster}")
+                    }
+                }),
+            },
+            (Some(SinkKind::Nats), None) => {
+                return Err(AgentError::Config(
+                    "metrics.type is nats but there is no nats section".to_owned(),
+                ));
+            }
+        };
+        let sink_task = tokio::spawn(sink::run(batches, target));
+
+        let plugins = config
+            .plugins
+            .iter()
+            .map(|spec| runtime.spawn(spec.clone(), feeds.subscribe(), sink_handle.clone()))
+            .collect();
+        drop(sink_handle);
+
+        let runner = client.clone();
+        let run = tokio::spawn(async move { runner.run().await });
+        Ok(RunningAgent {
+            client,
+            runtime,
+            initial,
+            nats,
+            plugins,
+            run,
+            forwarders,
+            discovery: Some(cached),
+            sink: Some(sink_task),
+        })
+    }
+}
+
+fn default_port(config: &AgentConfig) -> u16 {
+    config
+        .discovery
+        .as_ref()
+        .map(|d| d.port)
+        .unwrap_or(ccfleet::discovery::provider::Config::new("").port)
+}
+
+impl RunningAgent {
+    /// The fleet client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The plugin runtime (subscribe to events here).
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// The configuration the agent started with.
+    pub fn initial(&self) -> &Update {
+        &self.initial
+    }
+
+    /// The NATS connection, if configured.
+    pub fn nats(&self) -> Option<&async_nats::Client> {
+        self.nats.as_ref()
+    }
+
+    /// The supervised plugins.
+    pub fn plugins(&self) -> &[PluginHandle] {
+        &self.plugins
+    }
+
+    /// Stops the client (deregistering), discovery and the plugins, and flushes the metrics.
+    pub async fn shutdown(mut self) -> Result<(), AgentError> {
+        let closed = self.client.close(CLOSE_TIMEOUT).await;
+        let run = (&mut self.run).await;
+        for plugin in std::mem::take(&mut self.plugins) {
+            plugin.stop().await;
+        }
+        if let Some(cached) = self.discovery.take() {
+            cached.stop().await;
+        }
+        for task in &self.forwarders {
+            task.abort();
+        }
+        if let Some(sink) = self.sink.take() {
+            let _ = sink.await;
+        }
+        closed?;
+        match run {
+            Ok(result) => result?,
+            Err(join) => tracing::error!("the fleet client task failed: {join}"),
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RunningAgent {
+    fn drop(&mut self) {
+        for task in &self.forwarders {
+            task.abort();
+        }
+        self.run.abort();
+    }
+}
+
+/// Runs the agent until SIGINT or SIGTERM, then shuts it down cleanly.
+pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
+    let agent = Agent::new(config)?.start().await?;
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    agent.shutdown().await
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot watch SIGTERM; only Ctrl-C stops the agent");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
