@@ -74,10 +74,15 @@ fn status_text(status: StatusCode) -> &'static str {
 
 /// cc-backend's `ErrorResponse`, written by `json.NewEncoder` (with a trailing newline).
 fn error_with_status(status: StatusCode, status_field: &str, message: &str) -> Response {
-    let mut body = serde_json::to_vec(&serde_json::json!({
-        "status": status_field,
-        "error": message,
-    }))
+    #[derive(serde::Serialize)]
+    struct ErrorResponse<'a> {
+        status: &'a str,
+        error: &'a str,
+    }
+    let mut body = serde_json::to_vec(&ErrorResponse {
+        status: status_field,
+        error: message,
+    })
     .expect("error body serializes");
     body.push(b'\n');
     (
