@@ -88,7 +88,7 @@ async fn rest_heartbeats_until_nats_connects_then_nats_only_and_rosters() {
     assert!(rosters.try_recv().is_none());
 
     // The provider yields a connected client: heartbeats move to NATS.
-    app.connect(&nats.url()).await;
+    let first = app.connect(&nats.url()).await;
     eventually("NATS heartbeats", WAIT, || async {
         fleet.nats_heartbeats() >= 2
     })
@@ -122,8 +122,27 @@ async fn rest_heartbeats_until_nats_connects_then_nats_only_and_rosters() {
     assert_eq!(providers[0].hostname, "mgmt01");
     assert_eq!(providers[0].state, "active");
 
+    // The application replaces its NATS client and closes the old one: the member
+    // subscribes again on the new client, and heartbeats keep going over NATS.
+    app.connect(&nats.url()).await;
+    first.drain().await.unwrap();
+    let rest = fleet.rest_heartbeats().await;
+    let on_nats = fleet.nats_heartbeats();
+    while rosters.try_recv().is_some() {}
+    let providers = tokio::time::timeout(WAIT, rosters.recv())
+        .await
+        .expect("a roster on the new NATS client")
+        .expect("client open");
+    assert_eq!(providers.len(), 1);
+    eventually("NATS heartbeats on the new client", WAIT, || async {
+        fleet.nats_heartbeats() >= on_nats + 2
+    })
+    .await;
+    assert_eq!(fleet.rest_heartbeats().await, rest);
+
     client.close(Duration::from_secs(5)).await.unwrap();
     run.await.unwrap().unwrap();
+    // The member and the test's cc-backend; only the member deregistered.
     assert_eq!(fleet.instances(ServiceState::Deregistered), 1);
 }
 

@@ -230,6 +230,12 @@ async fn same_body_without_etag_is_no_change() {
     let (_, changed) = client.pull_config().await.unwrap();
     assert!(!changed);
 
+    // Bodies over 16 MiB are refused.
+    *responder.body.lock().unwrap() = format!(r#"{{"a":"{}"}}"#, "x".repeat(16 << 20));
+    let err = client.pull_config().await.unwrap_err();
+    assert!(matches!(err, Error::InvalidResponse { .. }), "{err}");
+    assert!(err.to_string().contains("exceeds 16777216 bytes"), "{err}");
+
     // Without an ETag there is nothing to send back.
     assert!(
         responder
