@@ -24,6 +24,7 @@ struct Scripted {
     script: Mutex<VecDeque<Script>>,
     last: Mutex<Option<Script>>,
     hang: bool,
+    delay: Duration,
     calls: AtomicUsize,
     log: Arc<Mutex<Vec<String>>>,
 }
@@ -35,6 +36,7 @@ impl Scripted {
             script: Mutex::new(script.into()),
             last: Mutex::new(None),
             hang: false,
+            delay: Duration::ZERO,
             calls: AtomicUsize::new(0),
             log: Arc::default(),
         })
@@ -44,6 +46,13 @@ impl Scripted {
         Arc::new(Scripted {
             hang: true,
             ..Arc::into_inner(Scripted::new("hanging", vec![])).unwrap()
+        })
+    }
+
+    fn delayed(name: &'static str, delay: Duration, script: Vec<Script>) -> Arc<Scripted> {
+        Arc::new(Scripted {
+            delay,
+            ..Arc::into_inner(Scripted::new(name, script)).unwrap()
         })
     }
 
@@ -71,6 +80,7 @@ impl Discoverer for Scripted {
         if self.hang {
             pending::<()>().await;
         }
+        tokio::time::sleep(self.delay).await;
         let next = {
             let mut script = self.script.lock().unwrap();
             let mut last = self.last.lock().unwrap();
@@ -338,6 +348,69 @@ async fn dropping_the_cache_ends_its_loop() {
     drop(cache);
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(source.calls(), 2);
+}
+
+#[tokio::test]
+async fn start_and_stop_reach_the_wrapped_source() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let source = Scripted::with_log("src", vec![Ok(vec![])], log.clone());
+    let cache = Cached::new(source);
+    cache.start().await;
+    refreshes(&cache, 1).await;
+    cache.stop().await;
+    let log = log.lock().unwrap().clone();
+    assert_eq!(
+        log.first().map(String::as_str),
+        Some("src:start"),
+        "{log:?}"
+    );
+    assert_eq!(log.last().map(String::as_str), Some("src:stop"), "{log:?}");
+}
+
+#[tokio::test]
+async fn a_source_still_warming_up_is_not_a_refresh() {
+    // A nested cache that was never started has read nothing, and neither has this one.
+    let nested = Arc::new(Cached::new(Scripted::new("src", vec![Ok(vec![])])));
+    let cache = Cached::new(nested);
+    let err = cache.refresh().await.unwrap_err();
+    assert!(err.is_not_yet_synced());
+    assert_eq!(cache.snapshot().refreshes, 0);
+    assert!(cache.snapshot().error.is_none());
+    assert!(
+        cache
+            .list_instances()
+            .await
+            .unwrap_err()
+            .is_not_yet_synced()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn nested_caches_start_together_and_the_outer_one_syncs_soon_after_the_inner() {
+    let slow = Scripted::delayed(
+        "slow",
+        Duration::from_secs(1),
+        vec![Ok(vec![instance("a", "10.0.0.1", 1)])],
+    );
+    let inner = Arc::new(Cached::new(slow));
+    let outer = Cached::new(Arc::new(Merged::new(
+        inner.clone(),
+        Arc::new(Static::new(&["10.0.0.2"], 5008).unwrap()),
+    )));
+    let t0 = tokio::time::Instant::now();
+    outer.start().await;
+    assert!(inner.is_running(), "start reached the nested cache");
+    refreshes_paused(&outer, 1).await;
+    // The inner cache read its source after 1 s; the outer one asked again within a
+    // fraction of its 10 s interval instead of waiting for the next tick.
+    assert!(
+        t0.elapsed() >= Duration::from_secs(1) && t0.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(outer.list_instances().await.unwrap().len(), 2);
+    outer.stop().await;
+    assert!(!inner.is_running(), "stop reached the nested cache");
 }
 
 #[test]

@@ -13,6 +13,10 @@ use super::{Discoverer, DiscoveryError, Instance};
 /// How often a [`Cached`] discoverer refreshes, and how long one refresh may take.
 pub const CACHE_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 
+/// How soon a source that is itself still warming up (a nested cache) is asked again; the
+/// pause doubles per retry until it reaches the refresh interval.
+const WARMUP_RETRY: Duration = Duration::from_millis(50);
+
 /// What a [`Cached`] discoverer currently knows, as published to its subscribers.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -49,11 +53,18 @@ impl Snapshot {
 /// or [`DiscoveryError::NotYetSynced`] before any refresh completed. The latest state is
 /// also published through [`subscribe`](Cached::subscribe) as a watch channel, so a consumer
 /// can wait for changes instead of polling. Refresh errors are not logged here: they reach
-/// the caller, whose sync loop already reports them. The wrapped lister's own `start` and
-/// `stop` are not called.
+/// the caller, whose sync loop already reports them.
+///
+/// `start` and `stop` are forwarded to the wrapped lister, so caches compose: a `Cached`
+/// over a [`Merged`](super::Merged) of other caches starts and stops them all. A source that
+/// answers [`DiscoveryError::NotYetSynced`] has read nothing yet, so that answer is not
+/// recorded as a refresh; the loop asks again soon (50 ms, doubling up to the interval)
+/// instead of waiting a whole interval.
 pub struct Cached {
     inner: Arc<Inner>,
     running: Mutex<Option<Running>>,
+    // Serializes start and stop, which await the wrapped lister's own start and stop.
+    lifecycle: tokio::sync::Mutex<()>,
 }
 
 struct Inner {
@@ -94,11 +105,13 @@ impl Cached {
                 state,
             }),
             running: Mutex::new(None),
+            lifecycle: tokio::sync::Mutex::new(()),
         }
     }
 
     /// Refreshes once, now, outside the loop; returns the refresh's own outcome (the listing
-    /// error, or the timeout) after publishing it.
+    /// error, or the timeout) after publishing it. A [`DiscoveryError::NotYetSynced`] answer
+    /// is returned but not published.
     pub async fn refresh(&self) -> Result<(), Arc<DiscoveryError>> {
         self.inner.refresh().await
     }
@@ -133,6 +146,12 @@ impl Inner {
                 after: self.timeout,
             })),
         };
+        if let Err(e) = &outcome
+            && e.is_not_yet_synced()
+        {
+            // The source has read nothing yet either: nothing was learned, so the state stays.
+            return outcome.map(|_| ());
+        }
         self.state.send_modify(|s| {
             s.refreshes += 1;
             match &outcome {
@@ -157,7 +176,14 @@ impl Inner {
                 _ = &mut stop => break,
                 _ = async {
                     ticker.tick().await;
-                    let _ = self.refresh().await;
+                    let mut retry = WARMUP_RETRY;
+                    while let Err(e) = self.refresh().await {
+                        if !e.is_not_yet_synced() || retry >= self.interval {
+                            break;
+                        }
+                        tokio::time::sleep(retry).await;
+                        retry *= 2;
+                    }
                 } => {}
             }
         }
@@ -171,19 +197,23 @@ impl Discoverer for Cached {
         self.inner.state.borrow().to_result()
     }
 
-    /// Starts the refresh loop; does nothing if it is already running.
+    /// Starts the wrapped lister, then the refresh loop; does nothing if it is already
+    /// running.
     async fn start(&self) {
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        if running.as_ref().is_some_and(|r| !r.task.is_finished()) {
+        let _lifecycle = self.lifecycle.lock().await;
+        if self.is_running() {
             return;
         }
+        self.inner.lister.start().await;
         let (stop, stop_rx) = oneshot::channel();
         let task = tokio::spawn(Arc::clone(&self.inner).keep_in_sync(stop_rx));
-        *running = Some(Running { stop, task });
+        *self.running.lock().unwrap_or_else(|p| p.into_inner()) = Some(Running { stop, task });
     }
 
-    /// Stops the refresh loop, cancelling a refresh in flight, and waits until it has ended.
+    /// Stops the refresh loop, cancelling a refresh in flight, waits until it has ended, and
+    /// then stops the wrapped lister.
     async fn stop(&self) {
+        let _lifecycle = self.lifecycle.lock().await;
         let running = self
             .running
             .lock()
@@ -192,6 +222,7 @@ impl Discoverer for Cached {
         if let Some(Running { stop, task }) = running {
             let _ = stop.send(());
             let _ = task.await;
+            self.inner.lister.stop().await;
         }
     }
 }
