@@ -24,7 +24,8 @@ pub struct Snapshot {
     pub instances: Option<Arc<Vec<Instance>>>,
     /// Why the latest refresh failed; `None` after a success (and before the first refresh).
     pub error: Option<Arc<DiscoveryError>>,
-    /// How many refreshes have completed, successful or not.
+    /// How many refreshes have completed, successful or not (a source answering
+    /// [`DiscoveryError::NotYetSynced`] completes none).
     pub refreshes: u64,
 }
 
