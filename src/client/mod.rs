@@ -54,9 +54,11 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+pub use api::MAX_CONFIG_SIZE;
 pub use config::{CONFIG_SCHEMA, Config, ConfigError};
 pub use error::{BootstrapError, Error, Op, StatusError};
 pub use latest::Latest;
+pub use run::{MAX_BACKOFF, MIN_BACKOFF};
 
 use crate::wire::{Provider, Scope, ServiceType};
 use cache::{Cache, Identity};
@@ -317,5 +319,81 @@ impl Inner {
 
     fn backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
         self.backoff.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> Options {
+        let mut config = Config::new("http://127.0.0.1:1/");
+        config.cluster = "fritz".into();
+        config.hostname = "f0101".into();
+        config.token = "eyJ-secret".into();
+        Options::new(config, ServiceType::MetricCollector)
+    }
+
+    #[test]
+    fn new_does_no_io_and_derives_identity() {
+        let client = Client::new(options()).unwrap();
+        assert_eq!(client.scope(), Scope::Cluster);
+        assert_eq!(client.hostname(), "f0101");
+        assert_eq!(client.discovery_subject(), "cc.fleet.discovery.fritz.ccmc");
+        assert!(!client.registered());
+        let mut infra = options();
+        infra.config.cluster.clear();
+        infra.config.discovery_subject_prefix = "site.disc".into();
+        let client = Client::new(infra).unwrap();
+        assert_eq!(client.scope(), Scope::Infra);
+        assert_eq!(client.discovery_subject(), "site.disc.infra.ccmc");
+    }
+
+    #[test]
+    fn new_rejects_unusable_options() {
+        let mut bad = options();
+        bad.config.url = "cc.example.org".into();
+        assert!(matches!(
+            Client::new(bad),
+            Err(Error::Config(ConfigError::InvalidUrl { .. }))
+        ));
+        let mut bad = options();
+        bad.config.hostname = "a/b".into();
+        assert!(matches!(
+            Client::new(bad),
+            Err(Error::Config(ConfigError::UnsafeName { .. }))
+        ));
+        let mut bad = options();
+        bad.config.token = "line\nbreak".into();
+        let err = Client::new(bad).unwrap_err();
+        assert!(
+            matches!(err, Error::Config(ConfigError::InvalidToken)),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("break"));
+    }
+
+    #[test]
+    fn debug_output_holds_no_secrets() {
+        let opts = options();
+        assert!(!format!("{opts:?}").contains("eyJ-secret"));
+        let client = Client::new(opts).unwrap();
+        assert!(!format!("{client:?}").contains("eyJ-secret"));
+        let update = Update {
+            config: Some(r#"{"password":"hunter2"}"#.into()),
+            revision: "7".into(),
+            source: Source::Fleet,
+        };
+        let shown = format!("{update:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("22 bytes"), "{shown}");
+    }
+
+    #[test]
+    fn source_names() {
+        assert_eq!(Source::None.to_string(), "none");
+        assert_eq!(Source::Fleet.to_string(), "fleet");
+        assert_eq!(Source::Cache.to_string(), "cache");
+        assert_eq!(Update::none().source, Source::None);
     }
 }
