@@ -3,7 +3,9 @@
 use clap::Parser;
 
 mod cli {
+    pub mod agent;
     pub mod decode;
+    pub mod demo;
     pub mod discover;
     pub mod plugin;
     pub mod server;
@@ -19,6 +21,10 @@ struct Cli {
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
+    /// Run the agent: join the fleet and run the configured plugins until SIGINT/SIGTERM.
+    Agent(cli::agent::Args),
+    /// A whole fleet on loopback (server, agent, plugins, NATS if found), narrated.
+    Demo(cli::demo::Args),
     /// Decode line protocol (files or stdin) into one JSON object per point.
     Decode(cli::decode::DecodeArgs),
     /// List the instances a service-discovery provider sees (once, or as they change).
@@ -35,15 +41,22 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The demo narrates on stdout; its logs would only repeat the story.
+    let default_filter = match cli.command {
+        Command::Demo(_) => "error",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     match cli.command {
+        Command::Agent(args) => cli::agent::run(args).await,
+        Command::Demo(args) => cli::demo::run(args).await,
         Command::Decode(args) => {
             if cli::decode::run(args)? {
                 // Some line was bad: the output says which; the status tells scripts.

@@ -12,6 +12,7 @@ struct RosterLogger {
     revision: Option<String>,
     /// Sorted `type/hostname` keys with their state, from the previous roster.
     roster: Vec<(String, String)>,
+    seen_roster: bool,
 }
 
 fn key(provider: &Provider) -> String {
@@ -39,6 +40,7 @@ impl Plugin for RosterLogger {
         Ok(RosterLogger {
             revision: None,
             roster: Vec::new(),
+            seen_roster: false,
         })
     }
 
@@ -76,6 +78,11 @@ impl Plugin for RosterLogger {
             .filter(|(k, _)| roster.binary_search_by(|(o, _)| o.cmp(k)).is_err())
             .map(|(k, _)| k.as_str())
             .collect();
+        // Rosters are re-published periodically; only a change (or the first one) is news.
+        if joined.is_empty() && left.is_empty() && self.seen_roster {
+            return Ok(());
+        }
+        self.seen_roster = true;
         log!(
             Level::Info,
             "roster: {} providers; joined: [{}]; left: [{}]",
