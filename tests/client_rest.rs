@@ -508,18 +508,20 @@ async fn slow_consumer_sees_only_the_latest_config() {
         let client = client.clone();
         async move { client.run().await }
     });
-    for v in 1..=3 {
+    // Values of different lengths, so the server sees each edit even where file times are
+    // coarse.
+    for (pulled, v) in [1, 22, 333].into_iter().enumerate() {
         fleet.author(LEAF, &format!(r#"{{"v": {v}}}"#)).await;
         // The client fetched this version (and delivered it into the slot, unread).
         eventually(
             "the new version to be pulled",
             Duration::from_secs(5),
-            || async { fleet.relay.count("GET config 200") == v },
+            || async { fleet.relay.count("GET config 200") == pulled + 1 },
         )
         .await;
     }
     let update = configs.recv().await.unwrap();
-    assert_eq!(config_json(&update), json(r#"{"v":3}"#));
+    assert_eq!(config_json(&update), json(r#"{"v":333}"#));
     assert!(configs.try_recv().is_none(), "older versions must be gone");
 
     client.close(Duration::from_secs(5)).await.unwrap();
