@@ -50,7 +50,7 @@ pub enum AgentError {
     Client(#[from] client::Error),
     /// Bootstrapping failed for a reason other than cc-backend being unreachable.
     #[error("cannot join the fleet: {0}")]
-    Bootstrap(#[from] client::BootstrapError),
+    Bootstrap(Box<client::BootstrapError>),
     /// Service discovery could not be set up.
     #[error("service discovery: {0}")]
     Discovery(#[from] discovery::DiscoveryError),
@@ -172,7 +172,7 @@ impl Agent {
                 }
                 fallback
             }
-            Err(error) => return Err(error.into()),
+            Err(error) => return Err(AgentError::Bootstrap(Box::new(error))),
         };
 
         let feeds = Arc::new(FeedSenders::new());

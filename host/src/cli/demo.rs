@@ -458,7 +458,7 @@ async fn step(
             if text.contains("rack=r2") {
                 story.rack_r2_seen = true;
             }
-            if story.metric_messages <= 2 || (story.rack_r2_seen && story.metric_messages % 3 == 0) {
+            if story.metric_messages <= 2 || (story.rack_r2_seen && story.metric_messages.is_multiple_of(3)) {
                 for line in text.lines() {
                     say.say("nats metrics", format!("{METRIC_SUBJECT}: {line}"));
                 }
