@@ -266,3 +266,97 @@ impl WasiView for HostState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(measurement: &str, tags: &[(&str, &str)], value: f64) -> Point {
+        Point {
+            measurement: measurement.to_owned(),
+            tags: tags
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            fields: vec![("value".to_owned(), FieldValue::Float(value))],
+            time_ns: None,
+        }
+    }
+
+    fn emitter(max_points: usize, max_bytes: usize) -> Emitter {
+        let (sink, _rx) = crate::sink::channel(1);
+        Emitter::new(sink, max_points, max_bytes)
+    }
+
+    #[test]
+    fn encodes_in_metric_store_shape_with_sorted_tags() {
+        let mut e = emitter(10, 1 << 20);
+        let mut p = point("load_one", &[("type", "node"), ("hostname", "n1")], 0.5);
+        p.fields.push(("jobs".to_owned(), FieldValue::Int(3)));
+        let mut q = point("up", &[("hostname", "n 2")], 1.0);
+        q.fields = vec![
+            ("ok".to_owned(), FieldValue::Boolean(true)),
+            ("note".to_owned(), FieldValue::Text("a \"b\"".to_owned())),
+            ("count".to_owned(), FieldValue::Uint(7)),
+        ];
+        q.time_ns = Some(42);
+        let lines = e.encode(&[p, q], 1_700_000_000_000_000_000).unwrap();
+        assert_eq!(
+            String::from_utf8(lines).unwrap(),
+            "load_one,hostname=n1,type=node value=0.5,jobs=3i 1700000000000000000\n\
+             up,hostname=n\\ 2 ok=true,note=\"a \\\"b\\\"\",count=7u 42\n"
+        );
+    }
+
+    #[test]
+    fn a_bad_point_fails_the_whole_batch() {
+        let mut e = emitter(10, 1 << 20);
+        let mut no_fields = point("x", &[], 1.0);
+        no_fields.fields.clear();
+        let err = e
+            .encode(&[point("ok", &[], 1.0), no_fields], 1)
+            .unwrap_err();
+        assert_eq!(err, "point 1 (x): a point needs at least one field");
+        let err = e.encode(&[point("", &[], 1.0)], 1).unwrap_err();
+        assert!(err.starts_with("point 0 ():"), "{err}");
+        let err = e.encode(&[point("nan", &[], f64::NAN)], 1).unwrap_err();
+        assert!(err.starts_with("point 0 (nan):"), "{err}");
+        // Nothing of a failed batch lingers in the encoder.
+        let lines = e.encode(&[point("m", &[], 2.0)], 5).unwrap();
+        assert_eq!(lines, b"m value=2 5\n");
+    }
+
+    #[test]
+    fn limits_points_and_bytes() {
+        let mut e = emitter(2, 1 << 20);
+        let three = [
+            point("a", &[], 1.0),
+            point("b", &[], 1.0),
+            point("c", &[], 1.0),
+        ];
+        assert_eq!(
+            e.encode(&three, 1).unwrap_err(),
+            "batch of 3 points exceeds this plugin's limit of 2"
+        );
+        let mut e = emitter(10, 16);
+        assert_eq!(
+            e.encode(&three, 1).unwrap_err(),
+            "batch exceeds this plugin's limit of 16 bytes"
+        );
+    }
+
+    #[test]
+    fn the_memory_limit_counts_all_memories() {
+        use wasmtime::ResourceLimiter as _;
+        let mut limiter = MemoryLimiter::new(3 << 20);
+        assert!(limiter.memory_growing(0, 2 << 20, None).unwrap());
+        // A second memory of 1 MiB still fits, one more byte does not.
+        assert!(limiter.memory_growing(0, 1 << 20, None).unwrap());
+        let err = limiter
+            .memory_growing(1 << 20, (1 << 20) + 1, None)
+            .unwrap_err();
+        let exceeded = err.downcast_ref::<MemoryLimitExceeded>().unwrap();
+        assert_eq!(exceeded.limit, 3 << 20);
+        assert_eq!(exceeded.requested, (3 << 20) + 1);
+    }
+}
