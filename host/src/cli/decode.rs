@@ -42,7 +42,11 @@ pub fn run(args: DecodeArgs) -> anyhow::Result<bool> {
     let mut out = BufWriter::new(stdout.lock());
     let mut any_bad = false;
     let stdin_only = [PathBuf::from("-")];
-    let files = if args.files.is_empty() { &stdin_only[..] } else { &args.files[..] };
+    let files = if args.files.is_empty() {
+        &stdin_only[..]
+    } else {
+        &args.files[..]
+    };
     for path in files {
         let (name, data) = read_input(path)?;
         any_bad |= decode_one(&data, name.as_deref(), options, &args, &mut out)?;
@@ -112,7 +116,9 @@ fn interpret_fleet(line: &Line<'_>, show_ids: bool) -> Option<Value> {
         let bucket = line.tag("cluster").map(|t| t.unescape().into_owned());
         let consumer = line.tag("type").map(|t| t.unescape().into_owned());
         let roster = match wire::decode_roster(line.raw().as_bytes()) {
-            Ok(providers) => json!({ "bucket": bucket, "consumer": consumer, "providers": providers }),
+            Ok(providers) => {
+                json!({ "bucket": bucket, "consumer": consumer, "providers": providers })
+            }
             Err(e) => json!({ "bucket": bucket, "consumer": consumer, "error": e.to_string() }),
         };
         return Some(json!({ "roster": roster }));
@@ -126,6 +132,13 @@ fn display_id(id: &str, show: bool) -> String {
         return id.to_owned();
     }
     let head: String = id.chars().take(4).collect();
-    let tail: String = id.chars().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect();
+    let tail: String = id
+        .chars()
+        .rev()
+        .take(4)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
     format!("{head}…{tail}")
 }
