@@ -226,6 +226,9 @@ impl Registry {
                 // commits durable across process crashes without an fsync per batch.
                 conn.pragma_update(None, "journal_mode", "WAL")?;
                 conn.pragma_update(None, "synchronous", "NORMAL")?;
+                // Heartbeats touch every row; keep the table and its indexes in memory
+                // (the value is in KiB when negative).
+                conn.pragma_update(None, "cache_size", -65_536)?;
                 conn
             }
             None => Connection::open_in_memory()?,
@@ -369,16 +372,11 @@ impl Registry {
             }
             let mut activated = 0;
             if !writes.is_empty() {
+                // Grouped by time and in row order: one statement updates a run of rows
+                // that share a timestamp, walking the B-tree pages in order.
+                writes.sort_unstable_by_key(|&(rowid, at)| (at, rowid));
                 let tx = conn.transaction()?;
-                {
-                    let mut stmt = tx.prepare_cached(
-                        "UPDATE service SET last_heartbeat = ?1, state = 'active' \
-                         WHERE id = ?2 AND state <> 'deregistered'",
-                    )?;
-                    for &(rowid, at) in &writes {
-                        stmt.execute(params![at, rowid])?;
-                    }
-                }
+                apply_heartbeats(&tx, &writes)?;
                 tx.commit()?;
                 let mut index = shared.index.write().unwrap_or_else(|e| e.into_inner());
                 for (rowid, at) in writes {
@@ -531,6 +529,48 @@ impl Registry {
     }
 }
 
+/// Rows per multi-row heartbeat `UPDATE`.
+const UPDATE_CHUNK: usize = 256;
+
+/// Writes `(rowid, at)` pairs sorted by `at`. The rows were checked to be live under the
+/// connection lock, so no state condition is needed.
+fn apply_heartbeats(
+    tx: &rusqlite::Transaction<'_>,
+    writes: &[(i64, i64)],
+) -> Result<(), RegistryError> {
+    let chunk_sql = format!(
+        "UPDATE service SET last_heartbeat = ?1, state = 'active' WHERE id IN ({})",
+        (2..UPDATE_CHUNK + 2)
+            .map(|i| format!("?{i}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    for same_time in writes.chunk_by(|a, b| a.1 == b.1) {
+        let at = same_time[0].1;
+        let mut chunks = same_time.chunks_exact(UPDATE_CHUNK);
+        if chunks.len() > 0 {
+            let mut stmt = tx.prepare_cached(&chunk_sql)?;
+            for chunk in chunks.by_ref() {
+                stmt.raw_bind_parameter(1, at)?;
+                for (i, &(rowid, _)) in chunk.iter().enumerate() {
+                    stmt.raw_bind_parameter(i + 2, rowid)?;
+                }
+                stmt.raw_execute()?;
+            }
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE service SET last_heartbeat = ?1, state = 'active' WHERE id = ?2",
+            )?;
+            for &(rowid, _) in rest {
+                stmt.execute(params![at, rowid])?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn load_index(conn: &Connection) -> Result<Index, RegistryError> {
     let mut index = Index::default();
     let mut stmt = conn.prepare(
@@ -675,5 +715,35 @@ mod tests {
         assert_eq!(outcome.applied, [true, false, false]);
         assert_eq!(outcome.activated, 1);
         assert_eq!(r.active().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn large_batches_with_mixed_times() {
+        let r = Registry::open(None).unwrap();
+        let mut ids = Vec::new();
+        for i in 0..700 {
+            let reg = reg("c", &format!("h{i}"), ServiceType::MetricCollector);
+            ids.push(parse_instance_id(&r.register(reg).await.unwrap().instance_id).unwrap());
+        }
+        // 600 share a second (two full multi-row chunks and a remainder), 100 another.
+        let beats: Vec<(u128, i64)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (*id, if i < 600 { 100 } else { 200 }))
+            .collect();
+        let outcome = r.heartbeat_batch(beats).await.unwrap();
+        assert_eq!(outcome.activated, 700);
+        assert!(outcome.applied.iter().all(|a| *a));
+        assert_eq!(r.counts().active, 700);
+        let conn = r.shared.conn.lock().unwrap();
+        let count = |sql: &str| -> i64 { conn.query_row(sql, [], |row| row.get(0)).unwrap() };
+        assert_eq!(
+            count("SELECT count(*) FROM service WHERE state = 'active' AND last_heartbeat = 100"),
+            600
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM service WHERE state = 'active' AND last_heartbeat = 200"),
+            100
+        );
     }
 }
