@@ -81,7 +81,10 @@ impl NatsServer {
         let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-            assert!(Instant::now() < deadline, "nats-server still accepts after kill");
+            assert!(
+                Instant::now() < deadline,
+                "nats-server still accepts after kill"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -103,10 +106,17 @@ impl NatsServer {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
                 return;
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("nats-server exited at start with {status}");
             }
-            assert!(Instant::now() < deadline, "nats-server did not start listening");
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not start listening"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
