@@ -52,7 +52,20 @@ pub fn encode_heartbeat_into(
     }
     let tags = [("function", HEARTBEAT_FUNCTION)];
     let mut payload = Vec::with_capacity(64);
+    let mut stamp = itoa::Buffer::new();
+    let stamp = stamp.format(time_ns).as_bytes();
     for id in instance_ids {
+        if id.bytes().all(is_plain_id_byte) {
+            // The common case (hex ids): JSON and line protocol need no escapes, so the
+            // canonical bytes are written directly.
+            out.reserve(CANONICAL_PREFIX.len() + id.len() + CANONICAL_SUFFIX.len() + 21);
+            out.extend_from_slice(CANONICAL_PREFIX);
+            out.extend_from_slice(id.as_bytes());
+            out.extend_from_slice(CANONICAL_SUFFIX);
+            out.extend_from_slice(stamp);
+            out.push(b'\n');
+            continue;
+        }
         payload.clear();
         payload.extend_from_slice(br#"{"instanceId":"#);
         super::gojson::to_writer(&mut payload, id).map_err(|e| WireError::Json(e.to_string()))?;
@@ -60,6 +73,12 @@ pub fn encode_heartbeat_into(
         write_event_line(out, HEARTBEAT_MEASUREMENT, &tags, &payload, time_ns);
     }
     Ok(())
+}
+
+/// Bytes that Go's JSON encoder and the line-protocol writer both copy verbatim.
+#[inline]
+fn is_plain_id_byte(b: u8) -> bool {
+    b.is_ascii_graphic() && !matches!(b, b'"' | b'\\' | b'<' | b'>' | b'&')
 }
 
 /// How a line that is not an accepted heartbeat was classified.
