@@ -24,7 +24,8 @@ fn decode(args: &[&str], input: &[u8]) -> (i32, Vec<serde_json::Value>) {
 
 #[test]
 fn prints_points_in_the_corpus_shape_and_goes_on_after_a_bad_line() {
-    let input = b"cpu,host=a\\ b value=1.5,n=3i,u=4u,ok=t,s=\"x\\\"y\" 1000\nbad line\nmem free=2 2\n";
+    let input =
+        b"cpu,host=a\\ b value=1.5,n=3i,u=4u,ok=t,s=\"x\\\"y\" 1000\nbad line\nmem free=2 2\n";
     let (status, lines) = decode(&[], input);
     assert_eq!(status, 1, "a bad line makes the exit status 1");
     assert_eq!(lines.len(), 3);
@@ -50,7 +51,10 @@ fn prints_points_in_the_corpus_shape_and_goes_on_after_a_bad_line() {
 
 #[test]
 fn precision_and_default_time() {
-    let (status, lines) = decode(&["--precision", "s", "--default-time", "5000000123"], b"m v=1 7\nm v=2\n");
+    let (status, lines) = decode(
+        &["--precision", "s", "--default-time", "5000000123"],
+        b"m v=1 7\nm v=2\n",
+    );
     assert_eq!(status, 0);
     assert_eq!(lines[0]["time"], 7_000_000_000i64);
     assert_eq!(lines[1]["time"], 5_000_000_000i64);
@@ -78,7 +82,10 @@ fn fleet_mode_reads_heartbeats_and_rosters_without_leaking_ids() {
     assert_eq!(status, 0);
     assert_eq!(lines[0]["fleet"]["heartbeat"]["instanceId"], "3f1c…6b7c");
     assert_eq!(lines[1]["fleet"]["roster"]["consumer"], "ccmc");
-    assert_eq!(lines[1]["fleet"]["roster"]["providers"][0]["hostname"], "mgmt01");
+    assert_eq!(
+        lines[1]["fleet"]["roster"]["providers"][0]["hostname"],
+        "mgmt01"
+    );
     let (_, shown) = decode(&["--fleet", "--show-ids"], &input);
     assert_eq!(shown[0]["fleet"]["heartbeat"]["instanceId"], id);
 }
