@@ -111,42 +111,27 @@ fn short_lines(n: u64) -> Input {
     }
 }
 
-fn ccfleet_decode(text: &[u8]) -> usize {
+/// Reads every token of every line; `unescape` says whether tokens are unescaped (as the
+/// peer always does) or read as views (the zero-copy path).
+fn ccfleet_read(text: &[u8], unescape: bool) -> usize {
+    let len = |t: ccfleet::lineproto::Token<'_>| {
+        if unescape {
+            t.unescape().len()
+        } else {
+            t.raw().len()
+        }
+    };
     let mut sum = 0;
     for line in Decoder::new(text) {
         let line = line.expect("valid input");
-        sum += line.measurement().unescape().len();
+        sum += len(line.measurement());
         for (k, v) in line.tags() {
-            sum += k.unescape().len() + v.unescape().len();
+            sum += len(k) + len(v);
         }
         for (k, v) in line.fields() {
-            sum += k.unescape().len();
+            sum += len(k);
             sum += match v {
-                FieldValue::String(s) => s.unescape().len(),
-                FieldValue::Float(f) => f as usize,
-                FieldValue::Int(i) => i as usize,
-                FieldValue::Uint(u) => u as usize,
-                FieldValue::Bool(b) => b as usize,
-            };
-        }
-        sum += line.time().unwrap_or_default() as usize;
-    }
-    sum
-}
-
-/// Decoding proper: every token located and validated, views only (no unescaping).
-fn ccfleet_views(text: &[u8]) -> usize {
-    let mut sum = 0;
-    for line in Decoder::new(text) {
-        let line = line.expect("valid input");
-        sum += line.measurement().raw().len();
-        for (k, v) in line.tags() {
-            sum += k.raw().len() + v.raw().len();
-        }
-        for (k, v) in line.fields() {
-            sum += k.raw().len();
-            sum += match v {
-                FieldValue::String(s) => s.raw().len(),
+                FieldValue::String(s) => len(s),
                 FieldValue::Float(f) => f as usize,
                 FieldValue::Int(i) => i as usize,
                 FieldValue::Uint(u) => u as usize,
@@ -200,7 +185,7 @@ fn decode(c: &mut Criterion) {
         short_lines(10_000),
     ] {
         assert_eq!(
-            ccfleet_decode(input.text.as_bytes()),
+            ccfleet_read(input.text.as_bytes(), true),
             iox_decode(&input.text),
             "{}",
             input.name
@@ -208,10 +193,10 @@ fn decode(c: &mut Criterion) {
         let mut group = c.benchmark_group(format!("decode/{}", input.name));
         configure(&mut group, &input);
         group.bench_function("ccfleet", |b| {
-            b.iter(|| ccfleet_decode(black_box(input.text.as_bytes())))
+            b.iter(|| ccfleet_read(black_box(input.text.as_bytes()), true))
         });
         group.bench_function("ccfleet-views", |b| {
-            b.iter(|| ccfleet_views(black_box(input.text.as_bytes())))
+            b.iter(|| ccfleet_read(black_box(input.text.as_bytes()), false))
         });
         group.bench_function("influxdb-line-protocol", |b| {
             b.iter(|| iox_decode(black_box(&input.text)))

@@ -413,8 +413,18 @@ fn scan_string(buf: &[u8], start: usize) -> Result<(usize, bool, usize), Failure
     let mut escaped = false;
     let mut newlines = 0;
     let mut quiet_words = 0;
-    while i + 8 <= buf.len() {
-        let mut mask = scan::string_specials(scan::load(buf, i));
+    loop {
+        let word = if i + 8 <= buf.len() {
+            scan::load(buf, i)
+        } else if i < buf.len() {
+            // The last bytes, zero-padded: a zero byte is never special.
+            let mut tail = [0u8; 8];
+            tail[..buf.len() - i].copy_from_slice(&buf[i..]);
+            u64::from_le_bytes(tail)
+        } else {
+            return Err(unterminated());
+        };
+        let mut mask = scan::string_specials(word);
         if mask == 0 {
             quiet_words += 1;
             if quiet_words >= 4 {
@@ -451,25 +461,6 @@ fn scan_string(buf: &[u8], start: usize) -> Result<(usize, bool, usize), Failure
             }
         }
         i = next;
-    }
-    loop {
-        let at = scan::find3(buf, i, b'"', b'\\', b'\n').ok_or_else(unterminated)?;
-        match buf[at] {
-            b'"' => return Ok((at, escaped, newlines)),
-            b'\\' => {
-                escaped = true;
-                match buf.get(at + 1) {
-                    None => return Err(unterminated()),
-                    Some(b'\n') => newlines += 1,
-                    Some(_) => {}
-                }
-                i = at + 2;
-            }
-            _ => {
-                newlines += 1;
-                i = at + 1;
-            }
-        }
     }
 }
 
@@ -611,5 +602,62 @@ impl<'a> Iterator for Fields<'a> {
         self.rest = rest.get(end + 1..).unwrap_or_default();
         self.offset += end + 1;
         Some((key, value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A byte-at-a-time reference for `scan_string`.
+    fn reference(buf: &[u8], start: usize) -> Option<(usize, bool, usize)> {
+        let (mut i, mut escaped, mut newlines) = (start, false, 0);
+        while i < buf.len() {
+            match buf[i] {
+                b'"' => return Some((i, escaped, newlines)),
+                b'\\' => {
+                    escaped = true;
+                    newlines += usize::from(*buf.get(i + 1)? == b'\n');
+                    i += 2;
+                }
+                b'\n' => {
+                    newlines += 1;
+                    i += 1;
+                }
+                _ => i += 1,
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn string_scan_agrees_with_a_byte_loop_at_every_alignment() {
+        let pieces: [&[u8]; 7] = [
+            b"a",
+            b"\\\"",
+            b"\\\\",
+            b"\n",
+            b"\\\n",
+            b"xyzxyzxyzxyzxyzxyzxyzxyzxyzxyzxyzxyzx",
+            b"\"",
+        ];
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..3000 {
+            let mut buf = b"\"".to_vec();
+            let len = (seed % 24) as usize;
+            for _ in 0..len {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                buf.extend_from_slice(pieces[(seed % pieces.len() as u64) as usize]);
+            }
+            let got = scan_string(&buf, 1).ok();
+            assert_eq!(
+                got,
+                reference(&buf, 1),
+                "{:?}",
+                String::from_utf8_lossy(&buf)
+            );
+        }
     }
 }

@@ -108,12 +108,49 @@ pub enum HeartbeatLine<'a> {
 /// A line that is not valid line protocol (or has no timestamp) stops the scan with an
 /// error: cc-backend drops the rest of such a message too.
 pub fn scan_heartbeats(data: &[u8], mut f: impl FnMut(HeartbeatLine<'_>)) -> Result<(), WireError> {
+    for_each_heartbeat_line(data, |item| {
+        match item {
+            Item::Canonical(id) => f(HeartbeatLine::Accepted(id)),
+            Item::Other(line) => classify(line, &mut f),
+        }
+        Ok(())
+    })
+}
+
+/// Decodes every heartbeat of a message (cc-lib's `DecodeHeartbeats`): the first line that
+/// is not a valid heartbeat fails the whole message.
+pub fn decode_heartbeats(data: &[u8]) -> Result<Vec<String>, WireError> {
+    let mut ids = Vec::new();
+    for_each_heartbeat_line(data, |item| {
+        ids.push(match item {
+            Item::Canonical(id) => id.to_owned(),
+            Item::Other(line) => parse_heartbeat(line)?.into_owned(),
+        });
+        Ok(())
+    })?;
+    Ok(ids)
+}
+
+/// One point of a heartbeat message, as [`for_each_heartbeat_line`] hands it on.
+enum Item<'l, 'a> {
+    /// A heartbeat in the canonical shape, recognised without decoding: its id.
+    Canonical(&'l str),
+    /// Any other point, already checked to be a valid ClusterCockpit message.
+    Other(&'l Line<'a>),
+}
+
+/// Walks the points of a message, skipping blank lines and comments; the first syntax
+/// error, or the first error `f` returns, ends the walk.
+fn for_each_heartbeat_line(
+    data: &[u8],
+    mut f: impl FnMut(Item<'_, '_>) -> Result<(), WireError>,
+) -> Result<(), WireError> {
     check_size(data)?;
     let mut pos = 0;
     let mut line_no = 1;
     while pos < data.len() {
         if let Some((id, used)) = canonical_heartbeat(&data[pos..]) {
-            f(HeartbeatLine::Accepted(id));
+            f(Item::Canonical(id))?;
             pos += used;
             line_no += 1;
             continue;
@@ -124,42 +161,13 @@ pub fn scan_heartbeats(data: &[u8], mut f: impl FnMut(HeartbeatLine<'_>)) -> Res
             Some(Err(e)) => return Err(WireError::Decode(e)),
             Some(Ok(line)) => {
                 check_message(&line)?;
-                classify(&line, &mut f);
+                f(Item::Other(&line))?;
             }
         }
         pos = decoder.position();
         line_no = decoder.line_number();
     }
     Ok(())
-}
-
-/// Decodes every heartbeat of a message (cc-lib's `DecodeHeartbeats`): the first line that
-/// is not a valid heartbeat fails the whole message.
-pub fn decode_heartbeats(data: &[u8]) -> Result<Vec<String>, WireError> {
-    check_size(data)?;
-    let mut ids = Vec::new();
-    let mut pos = 0;
-    let mut line_no = 1;
-    while pos < data.len() {
-        if let Some((id, used)) = canonical_heartbeat(&data[pos..]) {
-            ids.push(id.to_owned());
-            pos += used;
-            line_no += 1;
-            continue;
-        }
-        let mut decoder = Decoder::resume_at(data, pos, line_no, OPTIONS);
-        match decoder.next() {
-            None => break,
-            Some(Err(e)) => return Err(WireError::Decode(e)),
-            Some(Ok(line)) => {
-                check_message(&line)?;
-                ids.push(parse_heartbeat(&line)?.into_owned());
-            }
-        }
-        pos = decoder.position();
-        line_no = decoder.line_number();
-    }
-    Ok(ids)
 }
 
 /// Reads the instance id of one decoded heartbeat line (cc-lib's `ParseHeartbeat`).
