@@ -390,6 +390,7 @@ struct Story {
     rosters: usize,
     rack_r2_applied: bool,
     rack_r2_seen: bool,
+    batches_after_edit: usize,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -423,12 +424,20 @@ async fn narrate(
         "rescanned the tree: a new revision for ccmc (agents see it on their next poll)",
     );
     let deadline = tokio::time::Instant::now() + ACT_TIMEOUT;
-    let before = story.batches;
-    while !(story.rack_r2_applied && (story.rack_r2_seen || story.batches >= before + 2)) {
+    // Done once the plugin applied the edit and a batch with the new tag went out (and, with
+    // NATS, arrived there).
+    let act_two_done = |s: &Story| {
+        s.rack_r2_applied && s.batches_after_edit >= 1 && (!with_nats || s.rack_r2_seen)
+    };
+    while !act_two_done(story) {
         if !step(say, events, metrics, heartbeats, story, deadline).await {
             say.say("demo", "(act 2 timed out; going on)");
             break;
         }
+    }
+    if !with_nats {
+        // The stdout sink prints on its own task: let the last batch out before the epilogue.
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     Ok(())
 }
@@ -520,6 +529,9 @@ fn show_event(say: &Narrator, event: &PluginEvent, story: &mut Story) {
         }
         EventKind::Emitted { points, bytes } => {
             story.batches += 1;
+            if story.rack_r2_applied {
+                story.batches_after_edit += 1;
+            }
             story.emitted_shown += 1;
             if story.emitted_shown > 3 && !story.rack_r2_applied {
                 return;
