@@ -99,16 +99,44 @@ fn plugin_dir(explicit: Option<PathBuf>, say: &Narrator) -> anyhow::Result<PathB
         "setup",
         "plugins not built yet: running scripts/build-guests.sh (first time: a few minutes)",
     );
-    let status = Command::new("bash")
-        .arg(root.join("scripts").join("build-guests.sh"))
-        .arg(&dir)
-        .env("CCFLEET_BIN", std::env::current_exe()?)
-        .status()
-        .context("running scripts/build-guests.sh")?;
+    let build = |install: bool| -> anyhow::Result<std::process::ExitStatus> {
+        let mut command = Command::new("bash");
+        command.arg(root.join("scripts").join("build-guests.sh"));
+        if install {
+            command.arg("--install");
+        }
+        command
+            .arg(&dir)
+            .env("CCFLEET_BIN", std::env::current_exe()?)
+            .status()
+            .context("running scripts/build-guests.sh")
+    };
+    let mut status = build(false)?;
+    // Exit status 3: no wasm toolchain at all. On a fresh Debian machine, as root, the demo
+    // installs Debian's (the one command the README promises has to work there).
+    if status.code() == Some(NO_TOOLCHAIN) && can_apt_install() {
+        say.say(
+            "setup",
+            "no wasm toolchain: installing Debian's (apt-get install rustc-web rust-web-src lld-22 wasi-libc)",
+        );
+        status = build(true)?;
+    }
     if !status.success() || !complete(&dir) {
         bail!("scripts/build-guests.sh failed ({status}); see its message above");
     }
     Ok(dir)
+}
+
+/// What scripts/build-guests.sh exits with when no wasm toolchain is installed.
+const NO_TOOLCHAIN: i32 = 3;
+
+/// Whether apt-get can install packages here: it exists and we are root.
+fn can_apt_install() -> bool {
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.trim_ascii() == b"0");
+    is_root && Path::new("/usr/bin/apt-get").is_file()
 }
 
 /// The nats-server binary: `NATS_SERVER_BIN`, then `PATH`, then `.tools/venv/bin`.
