@@ -13,11 +13,14 @@
 
 pub mod duration;
 pub mod lineproto;
+pub mod secret;
 pub mod wire;
 
 #[cfg(feature = "client")]
 pub mod client;
 #[cfg(feature = "discovery")]
 pub mod discovery;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "server")]
 pub mod server;

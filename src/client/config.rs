@@ -6,12 +6,13 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::duration::{self, DurationError};
+use crate::secret::SecretError;
 use crate::wire::DEFAULT_DISCOVERY_PREFIX;
 
 /// Environment variable whose non-empty value overrides the configured token.
@@ -338,13 +339,10 @@ impl Config {
         &self,
         env: impl Fn(&str) -> Option<OsString>,
     ) -> Result<String, ConfigError> {
-        if let Some(token) = env(ENV_TOKEN).filter(|t| !t.is_empty()) {
-            return Ok(token.to_string_lossy().into_owned());
-        }
-        if let Some(path) = env(ENV_TOKEN_FILE).filter(|p| !p.is_empty()) {
-            return read_token_file(Path::new(&path));
-        }
-        Ok(self.token.clone())
+        crate::secret::from_env_with(ENV_TOKEN, &self.token, env).map_err(|e| match e {
+            SecretError::Unreadable { path, source, .. } => ConfigError::TokenFile { path, source },
+            SecretError::Empty { path, .. } => ConfigError::EmptyTokenFile { path },
+        })
     }
 
     /// The hostname to register under: the configured one, else the system hostname.
@@ -402,20 +400,6 @@ pub(crate) fn base_url(url: &str) -> Result<String, ConfigError> {
         });
     }
     Ok(url.trim_end_matches('/').to_owned())
-}
-
-fn read_token_file(path: &Path) -> Result<String, ConfigError> {
-    let content = std::fs::read_to_string(path).map_err(|source| ConfigError::TokenFile {
-        path: path.to_owned(),
-        source,
-    })?;
-    let token = content.trim();
-    if token.is_empty() {
-        return Err(ConfigError::EmptyTokenFile {
-            path: path.to_owned(),
-        });
-    }
-    Ok(token.to_owned())
 }
 
 fn system_hostname() -> std::io::Result<String> {
@@ -482,7 +466,7 @@ mod tests {
         assert_eq!(c.discovery_subject_prefix, "site.disc");
         assert_eq!(
             c.cache_path.as_deref(),
-            Some(Path::new("/var/lib/cc-metric-collector/fleet-config.json"))
+            Some(std::path::Path::new("/var/lib/cc-metric-collector/fleet-config.json"))
         );
         assert_eq!(c.timeout, Duration::from_millis(500));
         c.validate().unwrap();

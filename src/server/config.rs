@@ -47,25 +47,7 @@ pub struct ServerConfig {
     pub fleet: FleetConfig,
 }
 
-/// cc-lib's NATS client settings.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct NatsConfig {
-    /// Server URL, e.g. `nats://localhost:4222`.
-    pub address: String,
-    /// User name (used together with `password`).
-    #[serde(default)]
-    pub username: String,
-    /// Password (used together with `username`).
-    #[serde(default)]
-    pub password: String,
-    /// Path of a `.creds` file.
-    #[serde(default)]
-    pub creds_file_path: String,
-    /// Path of a file holding an nkey seed.
-    #[serde(default)]
-    pub nkey_seed_file: String,
-}
+pub use crate::nats::NatsConfig;
 
 /// cc-backend's `main.fleet` settings, with its defaults.
 #[derive(Debug, Clone)]

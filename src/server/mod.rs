@@ -93,18 +93,11 @@ async fn connect_nats(
     config: &NatsConfig,
     metrics: Arc<Metrics>,
 ) -> Result<async_nats::Client, ServerError> {
-    let mut options = async_nats::ConnectOptions::new()
-        .name("ccfleet-server")
-        // Like cc-lib: start even if NATS is down and keep reconnecting forever.
-        .retry_on_initial_connect()
-        .max_reconnects(None)
+    config
+        .connect_options("ccfleet-server")
+        .await
+        .map_err(|e| ServerError::Nats(e.to_string()))?
         .subscription_capacity(SUBSCRIPTION_CAPACITY)
-        // The first attempt goes out at once; retries back off from 100 ms to 2 s so a
-        // restarted nats-server is found again quickly.
-        .reconnect_delay_callback(|attempts| match attempts {
-            0 | 1 => Duration::ZERO,
-            n => Duration::from_millis(100u64 << (n - 2).min(5)).min(Duration::from_secs(2)),
-        })
         .event_callback(move |event| {
             let metrics = metrics.clone();
             async move {
@@ -119,23 +112,7 @@ async fn connect_nats(
                     other => tracing::warn!("NATS: {other}"),
                 }
             }
-        });
-    if !config.username.is_empty() && !config.password.is_empty() {
-        options = options.user_and_password(config.username.clone(), config.password.clone());
-    }
-    if !config.creds_file_path.is_empty() {
-        options = options
-            .credentials_file(&config.creds_file_path)
-            .await
-            .map_err(|e| ServerError::Nats(format!("reading creds-file-path: {e}")))?;
-    }
-    if !config.nkey_seed_file.is_empty() {
-        let seed = tokio::fs::read_to_string(&config.nkey_seed_file)
-            .await
-            .map_err(|e| ServerError::Nats(format!("reading nkey-seed-file: {e}")))?;
-        options = options.nkey(seed.trim().to_owned());
-    }
-    options
+        })
         .connect(config.address.as_str())
         .await
         .map_err(|e| ServerError::Nats(e.to_string()))

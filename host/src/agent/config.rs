@@ -116,109 +116,27 @@ impl AgentConfig {
     }
 }
 
-/// The NATS section, with cc-lib's keys.
-#[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct NatsConfig {
-    /// The server, e.g. `nats://localhost:4222`.
-    pub address: String,
-    /// User name (else `CC_NATS_USERNAME`).
-    #[serde(default)]
-    pub username: String,
-    /// Password (else `CC_NATS_PASSWORD`).
-    #[serde(default)]
-    pub password: String,
-    /// A `.creds` file (JWT and nkey seed).
-    #[serde(default)]
-    pub creds_file_path: String,
-    /// A file holding an nkey seed.
-    #[serde(default)]
-    pub nkey_seed_file: String,
-}
+pub use ccfleet::nats::NatsConfig;
 
-impl fmt::Debug for NatsConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NatsConfig")
-            .field("address", &self.address)
-            .field("username", &(!self.username.is_empty()))
-            .field("password", &(!self.password.is_empty()))
-            .field("creds_file_path", &self.creds_file_path)
-            .field("nkey_seed_file", &self.nkey_seed_file)
-            .finish()
-    }
-}
-
-/// The variable consulted when `username` is empty.
-pub const ENV_NATS_USERNAME: &str = "CC_NATS_USERNAME";
-/// The variable consulted when `password` is empty.
-pub const ENV_NATS_PASSWORD: &str = "CC_NATS_PASSWORD";
-
-/// `value`, else the variable `name`, else the contents of the file named by `name_FILE`.
-fn secret(value: &str, name: &str) -> Result<String, AgentError> {
-    if !value.is_empty() {
-        return Ok(value.to_owned());
-    }
-    if let Some(v) = std::env::var(name).ok().filter(|v| !v.is_empty()) {
-        return Ok(v);
-    }
-    let file_var = format!("{name}_FILE");
-    match std::env::var_os(&file_var).filter(|v| !v.is_empty()) {
-        Some(path) => std::fs::read_to_string(&path)
-            .map(|s| s.trim().to_owned())
-            .map_err(|e| {
-                AgentError::Config(format!("cannot read the file named by {file_var}: {e}"))
-            }),
-        None => Ok(String::new()),
-    }
-}
-
-impl NatsConfig {
-    /// Connects, retrying the first connection and reconnecting forever: the agent starts
-    /// (and keeps heartbeating over REST) while NATS is down.
-    pub async fn connect(&self) -> Result<async_nats::Client, AgentError> {
-        let mut options = async_nats::ConnectOptions::new()
-            .name("ccfleet-agent")
-            .retry_on_initial_connect()
-            .max_reconnects(None)
-            .event_callback(|event| async move {
-                match event {
-                    async_nats::Event::Connected => tracing::info!("NATS connected"),
-                    async_nats::Event::Disconnected => {
-                        tracing::warn!("NATS disconnected; reconnecting")
-                    }
-                    other => tracing::debug!("NATS event: {other}"),
+/// Connects as the agent: reconnecting forever, so the agent starts (and heartbeats over
+/// REST) while NATS is down.
+pub async fn connect_nats(section: &NatsConfig) -> Result<async_nats::Client, AgentError> {
+    section
+        .connect_options("ccfleet-agent")
+        .await
+        .map_err(|e| AgentError::Config(e.to_string()))?
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::Connected => tracing::info!("NATS connected"),
+                async_nats::Event::Disconnected => {
+                    tracing::warn!("NATS disconnected; reconnecting")
                 }
-            });
-        let username = secret(&self.username, ENV_NATS_USERNAME)?;
-        let password = secret(&self.password, ENV_NATS_PASSWORD)?;
-        if !username.is_empty() && !password.is_empty() {
-            options = options.user_and_password(username, password);
-        }
-        if !self.creds_file_path.is_empty() {
-            options = options
-                .credentials_file(&self.creds_file_path)
-                .await
-                .map_err(|e| {
-                    AgentError::Config(format!(
-                        "cannot read NATS credentials {}: {e}",
-                        self.creds_file_path
-                    ))
-                })?;
-        }
-        if !self.nkey_seed_file.is_empty() {
-            let seed = std::fs::read_to_string(&self.nkey_seed_file).map_err(|e| {
-                AgentError::Config(format!(
-                    "cannot read NATS nkey seed {}: {e}",
-                    self.nkey_seed_file
-                ))
-            })?;
-            options = options.nkey(seed.trim().to_owned());
-        }
-        options
-            .connect(self.address.as_str())
-            .await
-            .map_err(|e| AgentError::Nats(format!("cannot connect to {}: {e}", self.address)))
-    }
+                other => tracing::debug!("NATS event: {other}"),
+            }
+        })
+        .connect(section.address.as_str())
+        .await
+        .map_err(|e| AgentError::Nats(format!("cannot connect to {}: {e}", section.address)))
 }
 
 /// Where metrics go.

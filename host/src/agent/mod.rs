@@ -143,7 +143,7 @@ impl Agent {
         let cluster = fleet.cluster.clone();
 
         let nats = match &config.nats {
-            Some(section) => Some(section.connect().await?),
+            Some(section) => Some(config::connect_nats(section).await?),
             None => None,
         };
         let mut options = Options::new(fleet, config.service_type);
