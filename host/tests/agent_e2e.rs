@@ -202,3 +202,46 @@ async fn a_config_edit_reaches_the_plugin_and_metrics_arrive_on_nats() {
     agent.shutdown().await.expect("clean shutdown");
     server.shutdown().await.expect("server shutdown");
 }
+
+/// Without NATS no roster ever arrives; the configured discovery provider must still reach
+/// the plugins instead of waiting behind the fleet source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_only_agent_hands_plugins_the_configured_discovery_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("tree");
+    write_tree(&tree, "r1");
+    let server_config = json!({
+        "addr": "127.0.0.1:0",
+        "disable-authentication": true,
+        "fleet": {"config-dir": tree}
+    });
+    let server =
+        ccfleet::server::start(ServerConfig::from_json(&server_config.to_string()).unwrap())
+            .await
+            .expect("fleet server");
+    let agent_config = json!({
+        "service-type": "ccmc",
+        "fleet": {
+            "url": server.base_url(),
+            "cluster": "fritz",
+            "hostname": "node01",
+            "heartbeat-interval": "200ms",
+            "config-poll-interval": "200ms"
+        },
+        "discovery": {"provider": "STATIC", "static-endpoints": ["10.1.0.1:7000", "10.1.0.2"]},
+        "discovery-refresh-interval": "100ms",
+        "metrics": {"type": "stdout"},
+        "plugin-cache-dir": dir.path().join("compiled"),
+        "plugins": [{"path": guests::component("roster-logger")}]
+    });
+    let agent =
+        Agent::new(AgentConfig::from_json(&agent_config.to_string(), dir.path()).unwrap()).unwrap();
+    let mut events = agent.subscribe();
+    let agent = agent.start().await.expect("agent starts");
+    wait_for(&mut events, "the static instances", |e| {
+        matches!(e.kind, EventKind::InstancesDelivered { instances: 2 })
+    })
+    .await;
+    agent.shutdown().await.expect("clean shutdown");
+    server.shutdown().await.expect("server shutdown");
+}

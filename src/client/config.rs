@@ -466,7 +466,9 @@ mod tests {
         assert_eq!(c.discovery_subject_prefix, "site.disc");
         assert_eq!(
             c.cache_path.as_deref(),
-            Some(std::path::Path::new("/var/lib/cc-metric-collector/fleet-config.json"))
+            Some(std::path::Path::new(
+                "/var/lib/cc-metric-collector/fleet-config.json"
+            ))
         );
         assert_eq!(c.timeout, Duration::from_millis(500));
         c.validate().unwrap();

@@ -199,10 +199,19 @@ impl Agent {
             }
         }));
 
-        let fleet_rosters: Arc<dyn Discoverer> = Arc::new(FleetRosters::awaiting_first(
-            roster_rx,
-            default_port(&config),
-        ));
+        // Rosters only arrive over NATS, and not at all for some service types (cc-backend
+        // publishes none for ccb). Alone, the fleet source waits for its first roster so an
+        // empty placeholder is not read as an empty fleet; merged with a configured provider
+        // it starts empty, so that provider's instances are not held back behind a roster
+        // that may never come.
+        let fleet_rosters: Arc<dyn Discoverer> = if config.discovery.is_some() {
+            Arc::new(FleetRosters::new(roster_rx, default_port(&config)))
+        } else {
+            Arc::new(FleetRosters::awaiting_first(
+                roster_rx,
+                default_port(&config),
+            ))
+        };
         let lister: Arc<dyn Discoverer> = match &config.discovery {
             Some(section) => Arc::new(Merged::new(
                 discovery::provider::new(section)?,
