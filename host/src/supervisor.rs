@@ -462,8 +462,9 @@ impl Supervisor {
                         generation = self.generation,
                         "plugin started"
                     );
-                    self.event(EventKind::Started);
+                    // State first: whoever reacts to the event sees the state it announces.
                     self.set_state(PluginState::Running, None);
+                    self.event(EventKind::Started);
                     self.serve(&mut instance, &current).await
                 }
                 Err(failure) => Exit::Failed(failure),
@@ -489,8 +490,8 @@ impl Supervisor {
                     });
                     match self.policy.on_failure(started, Instant::now()) {
                         Decision::Restart { delay, restarts } => {
-                            self.event(EventKind::Restarting { delay, restarts });
                             self.set_state(PluginState::Backoff, Some(failure));
+                            self.event(EventKind::Restarting { delay, restarts });
                             match self.wait_for_change(Some(delay)).await {
                                 Wake::Stop => break,
                                 // A new file version gets a fresh load and a fresh budget.
@@ -504,8 +505,8 @@ impl Supervisor {
                                 restarts,
                                 "plugin quarantined until its file changes"
                             );
-                            self.event(EventKind::Quarantined { restarts });
                             self.set_state(PluginState::Quarantined, Some(failure));
+                            self.event(EventKind::Quarantined { restarts });
                             match self.wait_for_change(None).await {
                                 Wake::Stop => break,
                                 Wake::Changed | Wake::Elapsed => self.policy.reset(),
@@ -515,8 +516,8 @@ impl Supervisor {
                 }
             }
         }
-        self.event(EventKind::Stopped);
         self.set_state(PluginState::Stopped, None);
+        self.event(EventKind::Stopped);
     }
 
     /// Loads the component, waiting for the file to change while it cannot be loaded.
@@ -536,10 +537,10 @@ impl Supervisor {
                 }
                 Err(error) => {
                     tracing::error!(plugin = &*self.name, "cannot load plugin: {error}");
+                    self.set_state(PluginState::LoadFailed, None);
                     self.event(EventKind::LoadFailed {
                         error: error.to_string(),
                     });
-                    self.set_state(PluginState::LoadFailed, None);
                     if let Wake::Stop = self.wait_for_change(None).await {
                         return None;
                     }

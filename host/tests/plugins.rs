@@ -195,6 +195,7 @@ async fn an_endless_loop_is_stopped_at_its_deadline_while_others_keep_running() 
     let cache = tempfile::tempdir().unwrap();
     let runtime = runtime(cache.path());
     let mut events = runtime.subscribe();
+    let mut logger_started = runtime.subscribe();
     let (sink, _rx) = sink::channel(16);
     let feeds = FeedSenders::new();
     let mut spinner = spec("hostile-loop");
@@ -202,9 +203,16 @@ async fn an_endless_loop_is_stopped_at_its_deadline_while_others_keep_running() 
     spinner.limits.restart_budget = 1;
     let spinner = runtime.spawn(spinner, feeds.subscribe(), sink.clone());
     let logger = runtime.spawn(spec("roster-logger"), feeds.subscribe(), sink);
-    for name in [spinner.name(), logger.name()] {
-        wait_for(&mut events, name, "start", |e| e.kind == EventKind::Started).await;
-    }
+    // The two start in either order (whichever compiles first), so each start is awaited
+    // on a receiver of its own: one wait must not skip past the other plugin's event.
+    wait_for(&mut events, spinner.name(), "start", |e| {
+        e.kind == EventKind::Started
+    })
+    .await;
+    wait_for(&mut logger_started, logger.name(), "start", |e| {
+        e.kind == EventKind::Started
+    })
+    .await;
 
     // The two plugins' events interleave; each is followed on its own receiver.
     let mut logger_events = runtime.subscribe();
