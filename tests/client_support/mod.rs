@@ -5,9 +5,8 @@
 
 pub mod relay;
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ccfleet::client::{Config, Options};
 use ccfleet::server::auth::Keypair;
@@ -276,18 +275,6 @@ pub fn cache_path(dir: &tempfile::TempDir) -> PathBuf {
     dir.path().join("state").join("fleet-config.json")
 }
 
-/// Polls `check` every 10 ms until it holds, failing after `timeout`.
-pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+#[path = "../support/wait.rs"]
+mod wait;
+pub use wait::eventually;

@@ -1,9 +1,8 @@
 //! Helpers shared by the fleet server integration tests.
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ccfleet::server::{RunningServer, ServerConfig};
 use serde_json::Value;
@@ -26,22 +25,6 @@ pub fn http() -> reqwest::Client {
         .timeout(Duration::from_secs(10))
         .build()
         .expect("http client")
-}
-
-/// Polls `check` every 20 ms until it returns true, failing after `timeout`.
-pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Writes a config tree file, creating directories.
@@ -119,3 +102,7 @@ pub async fn pull(
     }
     request.send().await.unwrap()
 }
+
+#[path = "../support/wait.rs"]
+mod wait;
+pub use wait::eventually;
