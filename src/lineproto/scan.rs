@@ -16,6 +16,12 @@ pub(crate) fn string_specials(word: u64) -> u64 {
     eq_mask(word, b'"') | eq_mask(word, b'\\') | eq_mask(word, b'\n')
 }
 
+/// Mask of the backslashes of `word` (high bit of each).
+#[inline(always)]
+pub(crate) fn backslashes(word: u64) -> u64 {
+    eq_mask(word, b'\\')
+}
+
 /// High bit set in exactly the bytes of `word` equal to `byte` (no false positives).
 #[inline(always)]
 fn eq_mask(word: u64, byte: u8) -> u64 {
