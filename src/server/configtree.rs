@@ -221,58 +221,8 @@ fn write_go_float(out: &mut Vec<u8>, f: f64) {
 }
 
 fn write_go_string(out: &mut Vec<u8>, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'"');
-    let bytes = s.as_bytes();
-    let mut start = 0;
-    let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
-        let escape: Option<&[u8]> = match b {
-            b'"' => Some(b"\\\""),
-            b'\\' => Some(b"\\\\"),
-            b'\n' => Some(b"\\n"),
-            b'\r' => Some(b"\\r"),
-            b'\t' => Some(b"\\t"),
-            0x08 => Some(b"\\b"),
-            0x0c => Some(b"\\f"),
-            b'<' | b'>' | b'&' | 0x00..=0x1f => None,
-            // U+2028 and U+2029 (E2 80 A8/A9) break JavaScript string literals.
-            0xe2 if bytes.get(i + 1) == Some(&0x80)
-                && matches!(bytes.get(i + 2), Some(0xa8 | 0xa9)) =>
-            {
-                None
-            }
-            _ => {
-                i += 1;
-                continue;
-            }
-        };
-        out.extend_from_slice(&bytes[start..i]);
-        match escape {
-            Some(e) => {
-                out.extend_from_slice(e);
-                i += 1;
-            }
-            None if b == 0xe2 => {
-                out.extend_from_slice(if bytes[i + 2] == 0xa8 {
-                    b"\\u2028"
-                } else {
-                    b"\\u2029"
-                });
-                i += 3;
-            }
-            None => {
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[usize::from(b >> 4)]);
-                out.push(HEX[usize::from(b & 0xf)]);
-                i += 1;
-            }
-        }
-        start = i;
-    }
-    out.extend_from_slice(&bytes[start..]);
-    out.push(b'"');
+    // The fleet's wire JSON already escapes strings exactly as Go does.
+    crate::wire::gojson::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
 }
 
 struct FileStat {
