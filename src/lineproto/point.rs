@@ -1,5 +1,3 @@
-use std::collections::BTreeSet;
-
 use super::decoder::Line;
 use super::value::FieldValue;
 
@@ -103,10 +101,5 @@ impl Point {
             .map(|(k, v)| json!({ "key": k, "value": v }))
             .collect();
         json!({ "name": self.measurement, "tags": tags, "fields": fields, "time": self.time })
-    }
-
-    /// The distinct field keys (a helper for callers that reject repeated fields).
-    pub fn field_keys(&self) -> BTreeSet<&str> {
-        self.fields.iter().map(|(k, _)| k.as_str()).collect()
     }
 }
