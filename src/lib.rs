@@ -7,6 +7,7 @@
 //! - `client` (feature `client`): registers with cc-backend, pulls configuration, heartbeats,
 //!   receives rosters and deregisters.
 //! - `server` (feature `server`): a cc-backend-compatible fleet service.
+//! - [`untrusted`]: untrusted strings escaped and capped for logs.
 //! - `discovery` (feature `discovery`): one `Discoverer` over Nomad, Kubernetes, DNS, static,
 //!   local, remote and fleet rosters.
 #![warn(missing_docs)]
@@ -14,6 +15,7 @@
 pub mod duration;
 pub mod lineproto;
 pub mod secret;
+pub mod untrusted;
 pub mod wire;
 
 #[cfg(feature = "client")]
