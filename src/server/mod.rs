@@ -23,6 +23,7 @@ pub mod auth;
 pub mod config;
 pub mod configtree;
 mod error;
+mod health;
 mod heartbeats;
 pub mod metrics;
 pub mod registry;
@@ -320,6 +321,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         allowlist,
         metrics: metrics.clone(),
         roster: roster_notify,
+        health: health::Health::new(registry.clone(), nats.clone()),
     });
     let mut http_shutdown = shutdown_rx.clone();
     let http = tokio::spawn(

@@ -5,13 +5,20 @@
 //! index after the commit, so reads (config pulls, rosters, metrics) never wait for the
 //! database and heartbeats that would not change a row cost no write. All SQLite work runs
 //! on tokio's blocking pool under one connection lock, which also serialises index updates.
+//!
+//! A change is acknowledged only after its transaction committed: every write runs in an
+//! explicit transaction whose statements are stepped to completion, and every error,
+//! including the commit's (a full disk shows up there), reaches the caller. The first
+//! failure of a burst is logged; the ones after it are counted until a write succeeds
+//! again. Stepping to completion also lets SQLite's automatic WAL checkpoint run, which
+//! together with `journal_size_limit` keeps the `-wal` file small.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, Transaction, TransactionBehavior, params};
 
 use super::error::RegistryError;
 use crate::wire::{Scope, ServiceType};
@@ -180,6 +187,71 @@ struct Index {
 struct Shared {
     conn: Mutex<Connection>,
     index: RwLock<Index>,
+    writes: WriteHealth,
+}
+
+/// A run of failed writes: logged when it starts and when it ends, counted in between.
+struct Failure {
+    message: String,
+    since: Instant,
+    failed: u64,
+}
+
+/// The outcome of the latest write, for health checks and the once-per-burst error log.
+#[derive(Default)]
+struct WriteHealth {
+    latest: Mutex<LatestWrite>,
+}
+
+#[derive(Default)]
+struct LatestWrite {
+    at: Option<Instant>,
+    failure: Option<Failure>,
+}
+
+impl WriteHealth {
+    fn record<R>(&self, result: Result<R, RegistryError>) -> Result<R, RegistryError> {
+        let mut latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        latest.at = Some(Instant::now());
+        let failure = &mut latest.failure;
+        match (&result, failure.as_mut()) {
+            (Ok(_), None) => {}
+            (Ok(_), Some(burst)) => {
+                tracing::warn!(
+                    "fleet registry: writes succeed again after {} failed write(s) in {}",
+                    burst.failed,
+                    crate::duration::format(Duration::from_secs(burst.since.elapsed().as_secs()))
+                );
+                *failure = None;
+            }
+            (Err(e), None) => {
+                tracing::error!(
+                    "fleet registry: a write failed, nothing of it was acknowledged: {e} \
+                     (further failures are counted until a write succeeds)"
+                );
+                *failure = Some(Failure {
+                    message: e.to_string(),
+                    since: Instant::now(),
+                    failed: 1,
+                });
+            }
+            (Err(e), Some(burst)) => {
+                burst.failed += 1;
+                burst.message = e.to_string();
+            }
+        }
+        result
+    }
+
+    /// The latest outcome, unless it is older than `max_age` (or there is none).
+    fn fresh(&self, max_age: Duration) -> Option<Result<(), String>> {
+        let latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        latest.at.filter(|at| at.elapsed() < max_age)?;
+        Some(match &latest.failure {
+            None => Ok(()),
+            Some(burst) => Err(burst.message.clone()),
+        })
+    }
 }
 
 /// The registry; cheap to clone.
@@ -193,6 +265,17 @@ impl std::fmt::Debug for Registry {
         f.debug_struct("Registry").finish_non_exhaustive()
     }
 }
+
+/// Frames after which a commit checkpoints the WAL into the database (SQLite's default,
+/// stated so the bound below can be derived from it): about 4 MiB with 4 KiB pages.
+const WAL_AUTOCHECKPOINT: i64 = 1000;
+/// The size the WAL file is truncated back to after a checkpoint. The file grows past
+/// [`WAL_AUTOCHECKPOINT`] frames only by the last transaction, which for a large heartbeat
+/// batch can be tens of MiB; this gives that space back once it is checkpointed.
+pub const JOURNAL_SIZE_LIMIT: i64 = 16 << 20;
+/// How long the outcome of a write speaks for the database in health checks; after that
+/// they probe it with a write of their own.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS "service" (
@@ -213,6 +296,10 @@ CREATE TABLE IF NOT EXISTS "service" (
 CREATE INDEX IF NOT EXISTS services_cluster ON service (cluster);
 CREATE INDEX IF NOT EXISTS services_scope ON service (scope);
 CREATE INDEX IF NOT EXISTS services_state_heartbeat ON service (state, last_heartbeat);
+CREATE TABLE IF NOT EXISTS ccfleet_health (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    probed_at INTEGER NOT NULL
+);
 "#;
 
 impl Registry {
@@ -229,6 +316,8 @@ impl Registry {
                 // Heartbeats touch every row; keep the table and its indexes in memory
                 // (the value is in KiB when negative).
                 conn.pragma_update(None, "cache_size", -65_536)?;
+                conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT)?;
+                conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)?;
                 conn
             }
             None => Connection::open_in_memory()?,
@@ -240,6 +329,7 @@ impl Registry {
             shared: Arc::new(Shared {
                 conn: Mutex::new(conn),
                 index: RwLock::new(index),
+                writes: WriteHealth::default(),
             }),
         })
     }
@@ -280,8 +370,8 @@ impl Registry {
             } else {
                 Some(serde_json::to_string(&reg.meta).expect("string map serializes"))
             };
-            let (rowid, last_heartbeat, config_revision): (i64, Option<i64>, i64) = conn
-                .prepare_cached(
+            let (rowid, last_heartbeat, config_revision) = write(shared, conn, |tx| {
+                let mut stmt = tx.prepare_cached(
                     "INSERT INTO service (cluster, hostname, service_type, instance_id, scope, \
                      state, registered_at, meta_data, config_revision) \
                      VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, 0) \
@@ -290,19 +380,25 @@ impl Registry {
                      state = 'pending', registered_at = excluded.registered_at, \
                      meta_data = excluded.meta_data \
                      RETURNING id, last_heartbeat, config_revision",
-                )?
-                .query_row(
-                    params![
-                        reg.cluster,
-                        reg.hostname,
-                        reg.service_type.code(),
-                        instance_id,
-                        reg.scope.as_str(),
-                        now,
-                        meta_json
-                    ],
-                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
                 )?;
+                let mut rows = stmt.query(params![
+                    reg.cluster,
+                    reg.hostname,
+                    reg.service_type.code(),
+                    instance_id,
+                    reg.scope.as_str(),
+                    now,
+                    meta_json
+                ])?;
+                let row = rows
+                    .next()?
+                    .ok_or(RegistryError::Corrupt("an upsert returned no row"))?;
+                let returned: (i64, Option<i64>, i64) = (row.get(0)?, row.get(1)?, row.get(2)?);
+                // Step to the end: an error SQLite reports after the returned row must not
+                // be lost in the statement reset.
+                while rows.next()?.is_some() {}
+                Ok(returned)
+            })?;
             let mut index = shared.index.write().unwrap_or_else(|e| e.into_inner());
             if let Some(old) = index.rows.get(&rowid).map(|e| e.instance) {
                 index.by_instance.remove(&old);
@@ -375,9 +471,10 @@ impl Registry {
                 // Grouped by time and in row order: one statement updates a run of rows
                 // that share a timestamp, walking the B-tree pages in order.
                 writes.sort_unstable_by_key(|&(rowid, at)| (at, rowid));
-                let tx = conn.transaction()?;
-                apply_heartbeats(&tx, &writes)?;
-                tx.commit()?;
+                // A repeated heartbeat would make a multi-row UPDATE change fewer rows than
+                // it names.
+                writes.dedup();
+                write(shared, conn, |tx| apply_heartbeats(tx, &writes))?;
                 let mut index = shared.index.write().unwrap_or_else(|e| e.into_inner());
                 for (rowid, at) in writes {
                     if let Some(entry) = index.rows.get_mut(&rowid) {
@@ -427,8 +524,12 @@ impl Registry {
                     _ => return Ok(false),
                 }
             };
-            conn.prepare_cached("UPDATE service SET state = 'deregistered' WHERE id = ?1")?
-                .execute(params![rowid])?;
+            write(shared, conn, |tx| {
+                let changed = tx
+                    .prepare_cached("UPDATE service SET state = 'deregistered' WHERE id = ?1")?
+                    .execute(params![rowid])?;
+                expect_changed(changed, 1)
+            })?;
             let mut index = shared.index.write().unwrap_or_else(|e| e.into_inner());
             if let Some(entry) = index.rows.get_mut(&rowid) {
                 entry.service.state = State::Deregistered;
@@ -462,8 +563,12 @@ impl Registry {
             else {
                 return Ok(());
             };
-            conn.prepare_cached("UPDATE service SET config_revision = ?1 WHERE id = ?2")?
-                .execute(params![revision, rowid])?;
+            write(shared, conn, |tx| {
+                let changed = tx
+                    .prepare_cached("UPDATE service SET config_revision = ?1 WHERE id = ?2")?
+                    .execute(params![revision, rowid])?;
+                expect_changed(changed, 1)
+            })?;
             let mut index = shared.index.write().unwrap_or_else(|e| e.into_inner());
             if let Some(entry) = index.rows.get_mut(&rowid) {
                 entry.service.config_revision = revision;
@@ -477,13 +582,16 @@ impl Registry {
     /// to `stale`; `pending` never goes stale. Returns how many changed.
     pub async fn mark_stale(&self, cutoff: i64) -> Result<usize, RegistryError> {
         self.with_conn(move |shared, conn| {
-            let rowids: Vec<i64> = conn
-                .prepare_cached(
-                    "UPDATE service SET state = 'stale' \
-                     WHERE state = 'active' AND last_heartbeat < ?1 RETURNING id",
-                )?
-                .query_map(params![cutoff], |row| row.get(0))?
-                .collect::<Result<_, _>>()?;
+            let rowids: Vec<i64> = write(shared, conn, |tx| {
+                let rowids = tx
+                    .prepare_cached(
+                        "UPDATE service SET state = 'stale' \
+                         WHERE state = 'active' AND last_heartbeat < ?1 RETURNING id",
+                    )?
+                    .query_map(params![cutoff], |row| row.get(0))?
+                    .collect::<Result<_, _>>()?;
+                Ok(rowids)
+            })?;
             let mut index = shared.index.write().unwrap_or_else(|e| e.into_inner());
             for rowid in &rowids {
                 if let Some(entry) = index.rows.get_mut(rowid) {
@@ -514,6 +622,28 @@ impl Registry {
         active
     }
 
+    /// Whether the database takes writes: `Err` with the error of the latest write when
+    /// it failed. A write in the last [`PROBE_INTERVAL`] answers; otherwise a tiny write
+    /// (a timestamp in the `ccfleet_health` table) probes the database first, so one that
+    /// went bad while idle is noticed, and one that recovered is too.
+    pub async fn writable(&self) -> Result<(), String> {
+        if let Some(outcome) = self.shared.writes.fresh(PROBE_INTERVAL) {
+            return outcome;
+        }
+        self.with_conn(|shared, conn| {
+            write(shared, conn, |tx| {
+                tx.prepare_cached(
+                    "INSERT INTO ccfleet_health (id, probed_at) VALUES (1, ?1) \
+                     ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
+                )?
+                .execute(params![unix_seconds()])?;
+                Ok(())
+            })
+        })
+        .await
+        .map_err(|e| e.to_string())
+    }
+
     /// Instances per state.
     pub fn counts(&self) -> StateCounts {
         let mut counts = StateCounts::default();
@@ -529,15 +659,41 @@ impl Registry {
     }
 }
 
+/// Runs `f` in a transaction and commits it, recording the outcome for health checks and
+/// the error log. The transaction takes the write lock at once, so it cannot fail half-way
+/// for want of it; if `f` or the commit fails, everything `f` wrote is rolled back.
+fn write<R>(
+    shared: &Shared,
+    conn: &mut Connection,
+    f: impl FnOnce(&Transaction<'_>) -> Result<R, RegistryError>,
+) -> Result<R, RegistryError> {
+    let result = (|| {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let out = f(&tx)?;
+        tx.commit()?;
+        Ok(out)
+    })();
+    shared.writes.record(result)
+}
+
+/// Every write targets rows the index says exist; a different count means the index and
+/// the database disagree, and acknowledging the write would be a lie.
+fn expect_changed(changed: usize, expected: usize) -> Result<(), RegistryError> {
+    if changed == expected {
+        Ok(())
+    } else {
+        Err(RegistryError::Corrupt(
+            "a row the index knows is missing from the database",
+        ))
+    }
+}
+
 /// Rows per multi-row heartbeat `UPDATE`.
 const UPDATE_CHUNK: usize = 256;
 
 /// Writes `(rowid, at)` pairs sorted by `at`. The rows were checked to be live under the
 /// connection lock, so no state condition is needed.
-fn apply_heartbeats(
-    tx: &rusqlite::Transaction<'_>,
-    writes: &[(i64, i64)],
-) -> Result<(), RegistryError> {
+fn apply_heartbeats(tx: &Transaction<'_>, writes: &[(i64, i64)]) -> Result<(), RegistryError> {
     let chunk_sql = format!(
         "UPDATE service SET last_heartbeat = ?1, state = 'active' WHERE id IN ({})",
         (2..UPDATE_CHUNK + 2)
@@ -555,7 +711,7 @@ fn apply_heartbeats(
                 for (i, &(rowid, _)) in chunk.iter().enumerate() {
                     stmt.raw_bind_parameter(i + 2, rowid)?;
                 }
-                stmt.raw_execute()?;
+                expect_changed(stmt.raw_execute()?, UPDATE_CHUNK)?;
             }
         }
         let rest = chunks.remainder();
@@ -564,7 +720,7 @@ fn apply_heartbeats(
                 "UPDATE service SET last_heartbeat = ?1, state = 'active' WHERE id = ?2",
             )?;
             for &(rowid, _) in rest {
-                stmt.execute(params![at, rowid])?;
+                expect_changed(stmt.execute(params![at, rowid])?, 1)?;
             }
         }
     }
@@ -745,5 +901,113 @@ mod tests {
             count("SELECT count(*) FROM service WHERE state = 'active' AND last_heartbeat = 200"),
             100
         );
+    }
+
+    /// Counts the error and warning events sent to it.
+    #[derive(Default)]
+    struct LogCount {
+        errors: std::sync::atomic::AtomicUsize,
+        warnings: std::sync::atomic::AtomicUsize,
+    }
+
+    struct Counting(Arc<LogCount>);
+
+    impl tracing::Subscriber for Counting {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            use std::sync::atomic::Ordering::Relaxed;
+            match *event.metadata().level() {
+                tracing::Level::ERROR => self.0.errors.fetch_add(1, Relaxed),
+                tracing::Level::WARN => self.0.warnings.fetch_add(1, Relaxed),
+                _ => 0,
+            };
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    fn set_read_only(r: &Registry, read_only: bool) {
+        let conn = r.shared.conn.lock().unwrap();
+        conn.pragma_update(None, "query_only", read_only).unwrap();
+    }
+
+    #[test]
+    fn a_burst_of_failed_writes_is_logged_once_and_its_end_once() {
+        let r = Registry::open(None).unwrap();
+        set_read_only(&r, true);
+        let counts = Arc::new(LogCount::default());
+        let probe = |r: &Registry| {
+            let mut conn = r.shared.conn.lock().unwrap();
+            write(&r.shared, &mut conn, |tx| {
+                tx.execute(
+                    "INSERT INTO ccfleet_health (id, probed_at) VALUES (1, 1) \
+                            ON CONFLICT (id) DO UPDATE SET probed_at = probed_at + 1",
+                    [],
+                )?;
+                Ok(())
+            })
+        };
+        tracing::subscriber::with_default(Counting(counts.clone()), || {
+            for _ in 0..100 {
+                assert!(probe(&r).is_err());
+            }
+            set_read_only(&r, false);
+            for _ in 0..10 {
+                probe(&r).unwrap();
+            }
+        });
+        use std::sync::atomic::Ordering::Relaxed;
+        assert_eq!(counts.errors.load(Relaxed), 1);
+        assert_eq!(counts.warnings.load(Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn writes_that_fail_are_not_acknowledged_and_leave_the_index_alone() {
+        let r = Registry::open(None).unwrap();
+        let a = r
+            .register(reg("fritz", "f0101", ServiceType::MetricCollector))
+            .await
+            .unwrap();
+        assert_eq!(r.writable().await, Ok(()));
+        set_read_only(&r, true);
+        assert!(
+            r.register(reg("fritz", "f0102", ServiceType::MetricCollector))
+                .await
+                .is_err()
+        );
+        assert_eq!(r.counts().pending, 1);
+        assert!(r.heartbeat(&a.instance_id).await.is_err());
+        assert!(r.deregister(&a.instance_id).await.is_err());
+        assert!(r.acknowledge(&a.instance_id, 7).await.is_err());
+        let svc = r.lookup(&a.instance_id).unwrap();
+        assert_eq!((svc.state, svc.config_revision), (State::Pending, 0));
+        let failing = r.writable().await.unwrap_err();
+        assert!(failing.contains("readonly"), "{failing}");
+        set_read_only(&r, false);
+        assert_eq!(r.heartbeat(&a.instance_id).await.unwrap(), Some(true));
+        assert_eq!(r.writable().await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_repeated_heartbeat_in_one_batch_is_applied_once() {
+        let r = Registry::open(None).unwrap();
+        let a = r
+            .register(reg("fritz", "f0101", ServiceType::MetricCollector))
+            .await
+            .unwrap();
+        let id = parse_instance_id(&a.instance_id).unwrap();
+        let outcome = r
+            .heartbeat_batch(vec![(id, 100), (id, 100), (id, 90)])
+            .await
+            .unwrap();
+        assert_eq!((outcome.applied, outcome.activated), (vec![true; 3], 1));
+        assert_eq!(r.lookup(&a.instance_id).unwrap().last_heartbeat, Some(100));
     }
 }
