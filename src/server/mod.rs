@@ -37,7 +37,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use config::{FleetConfig, NatsConfig, ServerConfig};
-pub use error::{AuthError, RegistryError, ServerError, TreeError};
+pub use error::{AuthError, RegistryError, RegistryErrorKind, ServerError, TreeError};
 pub use heartbeats::QUEUE_GROUP;
 pub use metrics::HeartbeatStats;
 
