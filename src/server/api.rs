@@ -17,6 +17,7 @@ use serde::Deserialize;
 use super::allowlist::Allowlist;
 use super::auth::{self, Verifier};
 use super::configtree::ConfigTree;
+use super::health::Health;
 use super::metrics::Metrics;
 use super::registry::{Registration, Registry};
 use super::roster::RosterNotify;
@@ -37,6 +38,7 @@ pub(crate) struct AppState {
     pub allowlist: Arc<Allowlist>,
     pub metrics: Arc<Metrics>,
     pub roster: RosterNotify,
+    pub health: Health,
 }
 
 /// Builds the router.
@@ -50,7 +52,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
         .merge(fleet)
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -111,6 +113,28 @@ async fn not_found() -> Response {
         "Resource not found",
         "the requested endpoint does not exist",
     )
+}
+
+/// 200 when the database takes writes and NATS (if configured) is connected, else 503;
+/// the JSON body names each dependency's state.
+async fn healthz(State(state): State<AppState>) -> Response {
+    let report = state.health.check().await;
+    let status = if report.healthy() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let mut body = serde_json::to_vec(&report).expect("health report serializes");
+    body.push(b'\n');
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

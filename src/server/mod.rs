@@ -23,6 +23,7 @@ pub mod auth;
 pub mod config;
 pub mod configtree;
 mod error;
+mod health;
 mod heartbeats;
 pub mod metrics;
 pub mod registry;
@@ -36,7 +37,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use config::{FleetConfig, NatsConfig, ServerConfig};
-pub use error::{AuthError, RegistryError, ServerError, TreeError};
+pub use error::{AuthError, RegistryError, RegistryErrorKind, ServerError, TreeError};
 pub use heartbeats::QUEUE_GROUP;
 pub use metrics::HeartbeatStats;
 
@@ -320,6 +321,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         allowlist,
         metrics: metrics.clone(),
         roster: roster_notify,
+        health: health::Health::new(registry.clone(), nats.clone()),
     });
     let mut http_shutdown = shutdown_rx.clone();
     let http = tokio::spawn(
