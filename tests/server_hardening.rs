@@ -221,6 +221,43 @@ async fn slowloris_and_idle_connections_are_closed_while_normal_requests_are_ser
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_the_connection_cap_new_clients_wait_until_a_connection_closes() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let server = start(json!({
+        "disable-authentication": true,
+        "http-header-timeout": "1s",
+        "http-max-connections": 2,
+    }))
+    .await;
+    let client = http();
+    let order = Arc::new(AtomicUsize::new(0));
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(server.local_addr()).await.unwrap();
+        let order = order.clone();
+        idle.push(tokio::spawn(async move {
+            let mut sink = Vec::new();
+            let _ = stream.read_to_end(&mut sink).await;
+            order.fetch_add(1, Ordering::SeqCst)
+        }));
+    }
+    // Both permits are taken by the idle connections (the listener accepts them at once), so
+    // this request is only accepted once the header timeout has closed one of them.
+    let (status, _) = register(&client, &server, "cluster", &body("fritz", "f0101"), None).await;
+    let served_at = order.fetch_add(1, Ordering::SeqCst);
+    assert_eq!(status, 201);
+    let mut closed_at = Vec::new();
+    for task in idle {
+        closed_at.push(task.await.unwrap());
+    }
+    assert!(
+        closed_at.iter().any(|&at| at < served_at),
+        "the request was served while both idle connections held the cap: {closed_at:?} vs {served_at}"
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_request_body_fails_after_the_body_timeout() {
     let server = start(json!({
         "disable-authentication": true,
