@@ -119,6 +119,17 @@ pub(crate) async fn serve(
                 accept_failing = false;
                 accepted
             }
+            // One client gave up before it was accepted: nothing wrong with the listener.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue;
+            }
             Err(e) => {
                 if !accept_failing {
                     accept_failing = true;
