@@ -16,6 +16,9 @@ pub enum ServerError {
     /// An `api-allowed-ips` entry with a `/` that is not a CIDR range.
     #[error("server config: api-allowed-ips entry {0:?} is not a valid CIDR range")]
     InvalidAllowlist(String),
+    /// A `trusted-proxies` entry that is neither an address nor a CIDR range.
+    #[error("server config: trusted-proxies entry {0:?} is not an IP address or CIDR range")]
+    InvalidTrustedProxy(String),
     /// Neither `jwt-public-key` nor `JWT_PUBLIC_KEY` is set and authentication is enabled.
     #[error(
         "no JWT public key: set jwt-public-key or JWT_PUBLIC_KEY, or \"disable-authentication\": true"

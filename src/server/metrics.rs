@@ -34,6 +34,12 @@ pub struct Metrics {
     pub config_reloads: AtomicU64,
     /// Config tree reloads that failed and kept the previous generation.
     pub config_reload_errors: AtomicU64,
+    /// HTTP requests whose handling panicked (answered 500).
+    pub http_panics: AtomicU64,
+    /// HTTP connections closed because a request's headers did not arrive in time.
+    pub http_header_timeouts: AtomicU64,
+    /// HTTP connections open now (a gauge).
+    pub http_connections: AtomicU64,
 }
 
 /// A consistent-enough copy of the heartbeat counters.
@@ -147,6 +153,21 @@ impl Metrics {
             get(&self.roster_errors),
             get(&self.config_reloads),
             get(&self.config_reload_errors),
+        );
+        let _ = write!(
+            out,
+            "# HELP ccfleet_http_panics_total HTTP requests whose handling panicked (answered 500).\n\
+             # TYPE ccfleet_http_panics_total counter\n\
+             ccfleet_http_panics_total {}\n\
+             # HELP ccfleet_http_header_timeouts_total HTTP connections closed because request headers did not arrive in time.\n\
+             # TYPE ccfleet_http_header_timeouts_total counter\n\
+             ccfleet_http_header_timeouts_total {}\n\
+             # HELP ccfleet_http_connections HTTP connections open.\n\
+             # TYPE ccfleet_http_connections gauge\n\
+             ccfleet_http_connections {}\n",
+            get(&self.http_panics),
+            get(&self.http_header_timeouts),
+            get(&self.http_connections),
         );
         out
     }

@@ -3,8 +3,8 @@
 //! Members register over REST, pull their merged configuration from an authored config
 //! tree (with ETags), heartbeat over NATS or REST and deregister; the server keeps them in a
 //! SQLite registry, marks silent ones stale and publishes discovery rosters over NATS.
-//! The behaviour follows cc-backend's fleet service (`../shared/reference/clustercockpit.md`,
-//! section 2), so cc-lib's Go client and ccfleet's client work against either.
+//! The behaviour follows cc-backend's fleet service, so cc-lib's Go client and ccfleet's
+//! client work against either.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ccfleet::server::ServerError> {
@@ -25,7 +25,10 @@ pub mod configtree;
 mod error;
 mod health;
 mod heartbeats;
+mod http;
+mod layer;
 pub mod metrics;
+pub mod names;
 pub mod registry;
 pub mod roster;
 
@@ -36,12 +39,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use config::{FleetConfig, NatsConfig, ServerConfig};
+pub use config::{FleetConfig, HttpLimits, NatsConfig, ServerConfig};
 pub use error::{AuthError, RegistryError, RegistryErrorKind, ServerError, TreeError};
 pub use heartbeats::QUEUE_GROUP;
 pub use metrics::HeartbeatStats;
 
-use allowlist::Allowlist;
+use allowlist::{Allowlist, TrustedProxies};
 use configtree::{ConfigTree, Reload};
 use metrics::Metrics;
 use registry::Registry;
@@ -190,7 +193,10 @@ fn spawn_reloader(
 /// Starts the server: loads the config tree, opens the registry, connects NATS (if
 /// configured), binds the HTTP listener and starts the background loops.
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
-    let allowlist = Arc::new(Allowlist::new(&config.api_allowed_ips)?);
+    let allowlist = Arc::new(
+        Allowlist::new(&config.api_allowed_ips)?
+            .with_trusted_proxies(TrustedProxies::new(&config.trusted_proxies)?),
+    );
     let verifier = if config.disable_authentication {
         tracing::warn!(
             "fleet: authentication is disabled; anyone allowed by api-allowed-ips can register, heartbeat and deregister"
@@ -323,17 +329,14 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         roster: roster_notify,
         health: health::Health::new(registry.clone(), nats.clone()),
     });
-    let mut http_shutdown = shutdown_rx.clone();
-    let http = tokio::spawn(
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
-            stopped(&mut http_shutdown).await;
-        })
-        .into_future(),
-    );
+    let app = http::harden(app, &config.http, metrics.clone());
+    let http = tokio::spawn(http::serve(
+        listener,
+        app,
+        config.http,
+        metrics.clone(),
+        shutdown_rx.clone(),
+    ));
     tracing::info!(
         "fleet: initialized (config-dir '{}', stale-after {}, sweep {}, reload {}, discovery {})",
         fleet
@@ -395,8 +398,8 @@ impl RunningServer {
     pub async fn shutdown(mut self) -> Result<(), ServerError> {
         let _ = self.shutdown.send(true);
         let mut result = Ok(());
-        if let Some(http) = self.http.take() {
-            match tokio::time::timeout(SHUTDOWN_GRACE, http).await {
+        if let Some(mut http) = self.http.take() {
+            match tokio::time::timeout(SHUTDOWN_GRACE, &mut http).await {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(source))) => {
                     result = Err(ServerError::Http {
@@ -405,9 +408,13 @@ impl RunningServer {
                     });
                 }
                 Ok(Err(e)) => result = Err(ServerError::Task(e.to_string())),
-                Err(_) => tracing::warn!(
-                    "fleet: HTTP connections still open after the grace period; closing them"
-                ),
+                Err(_) => {
+                    tracing::warn!(
+                        "fleet: HTTP connections still open after the grace period; closing them"
+                    );
+                    // Aborting the server task drops the connections it owns.
+                    http.abort();
+                }
             }
         }
         if let Some(consumer) = self.consumer.take()
