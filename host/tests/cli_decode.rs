@@ -69,7 +69,7 @@ fn fleet_mode_reads_heartbeats_and_rosters_without_leaking_ids() {
             "fritz",
             ccfleet::wire::ServiceType::MetricCollector,
             &[ccfleet::wire::Provider {
-                service_type: ccfleet::wire::ServiceType::Backend,
+                service_type: ccfleet::wire::ServiceType::Backend.into(),
                 hostname: "mgmt01".into(),
                 state: "active".into(),
                 meta: Default::default(),

@@ -54,6 +54,10 @@ pub struct ServerConfig {
     /// Base64 Ed25519 public key for token checks; the `JWT_PUBLIC_KEY` environment
     /// variable is used when this is unset.
     pub jwt_public_key: Option<String>,
+    /// Base64 Ed25519 private key (cc-backend's `JWT_PRIVATE_KEY` format) that signs discovery
+    /// rosters; the `JWT_PRIVATE_KEY` environment variable is used when this is unset. Without
+    /// one, rosters go out unsigned.
+    pub jwt_private_key: Option<String>,
     /// NATS connection; without it the server runs REST-only.
     pub nats: Option<NatsConfig>,
     /// The fleet service settings.
@@ -141,6 +145,7 @@ struct RawConfig {
     #[serde(default)]
     disable_authentication: bool,
     jwt_public_key: Option<String>,
+    jwt_private_key: Option<String>,
     nats: Option<NatsConfig>,
     #[serde(default)]
     fleet: RawFleet,
@@ -277,6 +282,7 @@ impl ServerConfig {
             http,
             disable_authentication: raw.disable_authentication,
             jwt_public_key: raw.jwt_public_key.filter(|s| !s.is_empty()),
+            jwt_private_key: raw.jwt_private_key.filter(|s| !s.is_empty()),
             nats: raw.nats,
             fleet,
         })
@@ -327,7 +333,7 @@ mod tests {
     fn parses_every_key() {
         let c = ServerConfig::from_json(
             r#"{"addr":"127.0.0.1:0","db":"x.sqlite","api-allowed-ips":["10.0.0.0/8"],
-            "disable-authentication":true,"jwt-public-key":"k",
+            "disable-authentication":true,"jwt-public-key":"k","jwt-private-key":"s",
             "nats":{"address":"nats://h:4222","username":"u","password":"p"},
             "fleet":{"config-dir":"cfg","stale-after":"1m30s","sweep-interval":"10s",
             "config-reload-interval":"5s","heartbeat-subject":"cc.fleet.event",
@@ -338,6 +344,7 @@ mod tests {
         assert_eq!(c.addr, "127.0.0.1:0");
         assert_eq!(c.db.as_deref(), Some(std::path::Path::new("x.sqlite")));
         assert_eq!(c.api_allowed_ips, ["10.0.0.0/8"]);
+        assert_eq!(c.jwt_private_key.as_deref(), Some("s"));
         assert_eq!(c.nats.unwrap().username, "u");
         assert_eq!(c.fleet.stale_after, Duration::from_secs(90));
         assert_eq!(c.fleet.heartbeat_concurrency, 4);

@@ -27,6 +27,10 @@ pub enum ServerError {
     /// The configured public key cannot be used.
     #[error("JWT public key: {0}")]
     Key(#[source] AuthError),
+    /// The configured private key (which signs rosters) cannot be used, or does not belong
+    /// to the configured public key.
+    #[error("JWT private key (signs discovery rosters): {0}")]
+    PrivateKey(#[source] AuthError),
     /// The config tree cannot be loaded at start-up.
     #[error(transparent)]
     ConfigTree(#[from] TreeError),

@@ -9,7 +9,7 @@
 //! away. A request body that stalls for `http-body-timeout` fails the request.
 //!
 //! A panic while handling one request is caught, logged once, counted in `/metrics`
-//! (`ccfleet_http_panics_total`) and answered with cc-backend's 500 body; the connection and
+//! (`ccfleet_message_panics_total{source="http"}`) and answered with cc-backend's 500 body; the connection and
 //! the server go on.
 
 use std::any::Any;
@@ -256,7 +256,10 @@ mod tests {
         }
         assert_eq!(metrics.http_panics.load(Ordering::Relaxed), 3);
         let text = metrics.render(&Default::default());
-        assert!(text.contains("ccfleet_http_panics_total 3\n"), "{text}");
+        assert!(
+            text.contains("ccfleet_message_panics_total{source=\"http\"} 3\n"),
+            "{text}"
+        );
         stop.send(true).unwrap();
         drop(client);
         server.await.unwrap().unwrap();

@@ -96,6 +96,7 @@ async fn blocking<R: Send + 'static>(
 async fn connect_nats(
     config: &NatsConfig,
     metrics: Arc<Metrics>,
+    roster: RosterNotify,
 ) -> Result<async_nats::Client, ServerError> {
     config
         .connect_options("ccfleet-server")
@@ -104,6 +105,7 @@ async fn connect_nats(
         .subscription_capacity(SUBSCRIPTION_CAPACITY)
         .event_callback(move |event| {
             let metrics = metrics.clone();
+            let roster = roster.clone();
             async move {
                 match event {
                     async_nats::Event::SlowConsumer(_) => {
@@ -112,7 +114,12 @@ async fn connect_nats(
                     async_nats::Event::Disconnected => {
                         tracing::warn!("NATS: disconnected, reconnecting");
                     }
-                    async_nats::Event::Connected => tracing::info!("NATS: connected"),
+                    async_nats::Event::Connected => {
+                        tracing::info!("NATS: connected");
+                        // Core NATS kept nothing for consumers while we were away: send
+                        // current rosters now instead of at the next interval.
+                        roster.notify();
+                    }
                     other => tracing::warn!("NATS: {other}"),
                 }
             }
@@ -190,6 +197,33 @@ fn spawn_reloader(
     })
 }
 
+/// The key pair that signs rosters: `jwt-private-key`, else `JWT_PRIVATE_KEY`, else none.
+/// A key that is not the private half of the configured public key is refused: agents
+/// configured with the public key would reject every roster.
+fn roster_signer(config: &ServerConfig) -> Result<Option<Arc<auth::Keypair>>, ServerError> {
+    let Some(key) = config
+        .jwt_private_key
+        .clone()
+        .or_else(|| std::env::var("JWT_PRIVATE_KEY").ok())
+        .filter(|k| !k.trim().is_empty())
+    else {
+        return Ok(None);
+    };
+    let keypair = auth::Keypair::from_private_base64(&key).map_err(ServerError::PrivateKey)?;
+    if let Some(public) = config
+        .jwt_public_key
+        .clone()
+        .or_else(|| std::env::var("JWT_PUBLIC_KEY").ok())
+        .filter(|k| !k.trim().is_empty())
+        && public.trim() != keypair.public_key_base64()
+    {
+        return Err(ServerError::InvalidConfig(
+            "jwt-private-key is not the private half of jwt-public-key",
+        ));
+    }
+    Ok(Some(Arc::new(keypair)))
+}
+
 /// Starts the server: loads the config tree, opens the registry, connects NATS (if
 /// configured), binds the HTTP listener and starts the background loops.
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
@@ -211,6 +245,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             .ok_or(ServerError::NoPublicKey)?;
         Some(auth::Verifier::from_public_base64(&key).map_err(ServerError::Key)?)
     };
+    let signer = roster_signer(&config)?;
     let fleet = &config.fleet;
 
     let tree = match fleet.config_dir.clone() {
@@ -248,7 +283,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let mut tasks = Vec::new();
 
     let nats = match &config.nats {
-        Some(nats) => Some(connect_nats(nats, metrics.clone()).await?),
+        Some(nats) => Some(connect_nats(nats, metrics.clone(), roster_notify.clone()).await?),
         None => None,
     };
     let consumer = match (&nats, &fleet.heartbeat_subject) {
@@ -295,6 +330,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
                 prefix: fleet.discovery_subject_prefix.clone(),
                 interval: fleet.discovery_interval,
                 debounce: fleet.discovery_debounce,
+                signer,
             },
             shutdown_rx.clone(),
         )),
