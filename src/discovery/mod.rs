@@ -30,15 +30,19 @@ mod static_list;
 use async_trait::async_trait;
 
 pub use cached::{CACHE_REFRESH_INTERVAL, Cached, Snapshot};
-pub use dns::{DNS_ATTEMPTS, DNS_EXCHANGE_TIMEOUT, DNS_RETRY_WAIT, Dns};
+pub use dns::{
+    DNS_ATTEMPTS, DNS_DEFAULT_RESOLVER_PORT, DNS_EXCHANGE_TIMEOUT, DNS_NAME_DEADLINE,
+    DNS_RETRY_WAIT, Dns, ResolverAddress,
+};
 pub use error::DiscoveryError;
 pub use fleet::FleetRosters;
 pub use instance::{
     BACKEND_DNS, BACKEND_FLEET, BACKEND_KUBERNETES, BACKEND_LOCAL, BACKEND_NOMAD, BACKEND_REMOTE,
-    BACKEND_STATIC, DEFAULT_PORT, Instance,
+    BACKEND_STATIC, DEFAULT_PORT, ENV_ORCHESTRATOR_PORT, Instance, orchestrator_port,
+    orchestrator_port_from,
 };
 #[cfg(feature = "kubernetes")]
-pub use kubernetes::KubernetesPods;
+pub use kubernetes::{GOOGLE_SCOPES, KubernetesApi, KubernetesPods, SERVICE_ACCOUNT_DIR};
 pub use local::Local;
 pub use merged::Merged;
 pub use nomad::{
