@@ -162,11 +162,14 @@ async fn start_https(api: ApiServer, pki: &Pki) -> (SocketAddr, Shared) {
     (addr, shared)
 }
 
+/// The forms a token endpoint was sent.
+type Minted = Arc<Mutex<Vec<HashMap<String, String>>>>;
+
 /// A Google OAuth token endpoint that grants [`GOOGLE_TOKEN`] for any JWT assertion and
 /// remembers the forms it was sent.
-async fn start_token_endpoint() -> (SocketAddr, Arc<Mutex<Vec<HashMap<String, String>>>>) {
+async fn start_token_endpoint() -> (SocketAddr, Minted) {
     async fn token(
-        State(seen): State<Arc<Mutex<Vec<HashMap<String, String>>>>>,
+        State(seen): State<Minted>,
         Form(form): Form<HashMap<String, String>>,
     ) -> Json<Value> {
         seen.lock().unwrap().push(form);

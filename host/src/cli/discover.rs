@@ -372,8 +372,8 @@ mod tests {
             port: Some(6123),
             dns_query: None,
             dns_resolver_address: None,
-            k8s_api_endpoint: None,
-            k8s_api_insecure: None,
+            k8s_api_endpoint: Some("http://127.0.0.1:8001".to_owned()),
+            k8s_api_insecure: Some(true),
             pod_namespace: None,
             pod_labels: None,
             host_ip: Some(true),
@@ -388,6 +388,37 @@ mod tests {
         assert_eq!(config.provider, "static");
         assert_eq!(config.port, 6123);
         assert!(config.host_ip);
+        assert!(config.k8s_api_insecure);
         assert_eq!(config.static_endpoints, ["10.0.0.1", "10.0.0.2:7000"]);
+    }
+
+    #[test]
+    fn malformed_static_entries_and_local_are_refused_as_by_the_library() {
+        let args = |provider: &str, entries: Option<&str>| Args {
+            env_prefix: "CCFLEET_DISCOVER_TEST_UNSET_".to_owned(),
+            provider: Some(provider.to_owned()),
+            port: None,
+            dns_query: None,
+            dns_resolver_address: None,
+            k8s_api_endpoint: None,
+            k8s_api_insecure: None,
+            pod_namespace: None,
+            pod_labels: None,
+            host_ip: None,
+            static_endpoints: entries.map(str::to_owned),
+            nomad_endpoint: None,
+            json: false,
+            watch: false,
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(15),
+        };
+        let err = provider::new(&args("STATIC", Some("a:b:c")).config().unwrap())
+            .err()
+            .expect("a:b:c is refused");
+        assert!(err.to_string().contains("too many colons"), "{err}");
+        let err = provider::new(&args("LOCAL", Some("10.0.0.1")).config().unwrap())
+            .err()
+            .expect("LOCAL is no provider");
+        assert!(err.to_string().contains("PROVIDER=STATIC"), "{err}");
     }
 }
