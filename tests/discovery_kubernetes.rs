@@ -788,3 +788,30 @@ async fn the_provider_signs_requests_with_application_default_credentials() {
     );
     assert_eq!(minted.lock().unwrap().len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_token_endpoint_fails_the_listing_instead_of_stalling_it() {
+    // Accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let token_endpoint = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = silent.accept().await {
+            held.push(tcp);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let key = service_account_key(dir.path(), token_endpoint);
+    let lister = KubernetesPods::new(
+        KubernetesApi::google_with_credentials_file("https://127.0.0.1:1", &key).unwrap(),
+        NAMESPACE,
+        SELECTOR,
+        5008,
+        false,
+    );
+    let err = lister.list_instances().await.unwrap_err();
+    assert!(
+        matches!(&err, DiscoveryError::KubernetesAuth { reason } if reason.contains("took longer than 8s")),
+        "{err:?}"
+    );
+}

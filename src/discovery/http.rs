@@ -123,7 +123,7 @@ pub(crate) async fn error_body(mut response: reqwest::Response) -> Vec<u8> {
 }
 
 /// The message of an error answer: a JSON `message` (or `error`) field where the source
-/// sends one (Kubernetes `Status`, many gateways), else the body as text, trimmed. `None`
+/// sends one (Kubernetes `Status`, many gateways), else the whole body as text, trimmed. `None`
 /// when there is nothing to show. The text is the peer's: it is escaped and capped only
 /// where it is displayed.
 pub(crate) fn error_message(body: &[u8]) -> Option<String> {
@@ -134,10 +134,37 @@ pub(crate) fn error_message(body: &[u8]) -> Option<String> {
         #[serde(default)]
         error: Option<String>,
     }
-    let text = match serde_json::from_slice::<Message>(body) {
-        Ok(m) => m.message.or(m.error).unwrap_or_default(),
-        Err(_) => String::from_utf8_lossy(body).into_owned(),
-    };
+    let text = serde_json::from_slice::<Message>(body)
+        .ok()
+        .and_then(|m| m.message.or(m.error))
+        .filter(|m| !m.trim().is_empty())
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
     let text = text.trim();
     (!text.is_empty()).then(|| text.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_message;
+
+    #[test]
+    fn error_messages_come_from_json_or_the_text() {
+        assert_eq!(
+            error_message(br#"{"kind":"Status","message":"pods is forbidden"}"#).as_deref(),
+            Some("pods is forbidden")
+        );
+        assert_eq!(
+            error_message(br#"{"error":"invalid_grant"}"#).as_deref(),
+            Some("invalid_grant")
+        );
+        assert_eq!(
+            error_message(br#"{"code":503}"#).as_deref(),
+            Some(r#"{"code":503}"#)
+        );
+        assert_eq!(
+            error_message(b"ACL token not found\n").as_deref(),
+            Some("ACL token not found")
+        );
+        assert_eq!(error_message(b"  \n"), None);
+    }
 }

@@ -45,8 +45,9 @@ pub const GOOGLE_SCOPES: [&str; 2] = [
 ];
 
 /// How long finding Google credentials or minting a token may take, so a silent token
-/// endpoint fails the listing instead of stalling it.
-const TOKEN_MINT_TIMEOUT: Duration = Duration::from_secs(10);
+/// endpoint fails the listing with its own error instead of stalling it: shorter than the
+/// cache's 10 s refresh timeout, which would otherwise report only that time ran out.
+const TOKEN_MINT_TIMEOUT: Duration = Duration::from_secs(8);
 
 const OPERATION: &str = "listing kubernetes pods";
 
