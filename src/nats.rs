@@ -230,7 +230,8 @@ impl ConnectionReporter {
         &self.inner.address
     }
 
-    /// Whether the last event said the connection is up.
+    /// Whether the last event logged said the connection is up (for display; the client's
+    /// `connection_state` is authoritative, as async-nats drops events it cannot queue).
     pub fn is_connected(&self) -> bool {
         self.inner.connected.load(Ordering::Relaxed)
     }

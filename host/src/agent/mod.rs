@@ -351,9 +351,15 @@ impl RunningAgent {
 
     /// Whether the NATS connection is up (`None` without a NATS section).
     pub fn nats_connected(&self) -> Option<bool> {
-        self.nats_link
+        self.nats
             .as_ref()
-            .map(ConnectionReporter::is_connected)
+            .map(|client| client.connection_state() == async_nats::connection::State::Connected)
+    }
+
+    /// The NATS server's address as logs show it, without credentials (`None` without a NATS
+    /// section).
+    pub fn nats_address(&self) -> Option<&str> {
+        self.nats_link.as_ref().map(ConnectionReporter::address)
     }
 
     /// Stops the client (deregistering), discovery and the plugins, and flushes the metrics,
@@ -384,7 +390,8 @@ impl RunningAgent {
             }
             step = "the metric flush";
             if let Some(sink) = self.sink.take() {
-                if self.nats_link.as_ref().is_some_and(|l| !l.is_connected()) {
+                let disconnected = self.nats_connected() == Some(false);
+                if disconnected {
                     // A flush waits for a connection that may never come back.
                     tracing::warn!("NATS is not connected: metrics not yet published are dropped");
                     sink.abort();
