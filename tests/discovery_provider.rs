@@ -549,7 +549,7 @@ async fn local_is_one_instance_with_the_local_identity() {
 
 fn provider(service_type: ServiceType, hostname: &str, meta: &[(&str, &str)]) -> Provider {
     Provider {
-        service_type,
+        service_type: service_type.into(),
         hostname: hostname.to_owned(),
         state: "active".to_owned(),
         meta: meta

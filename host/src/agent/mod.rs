@@ -142,7 +142,7 @@ impl Agent {
             cache_dir: config
                 .plugin_cache_dir
                 .clone()
-                .or_else(crate::runtime::default_cache_dir),
+                .or_else(crate::plugin::default_cache_dir),
             watch_interval: config.plugin_watch_interval,
             ..RuntimeOptions::default()
         })?;
