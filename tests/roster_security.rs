@@ -422,3 +422,24 @@ async fn the_documented_nats_permissions_let_only_the_server_publish_rosters() {
     assert_eq!(refused.len(), 1, "{refused:?}");
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_private_key_of_another_pair_than_the_public_key_is_refused_at_start() {
+    let (public, private) = (Keypair::generate(), Keypair::generate());
+    let config = json!({
+        "addr": "127.0.0.1:0",
+        "jwt-public-key": public.public_key_base64(),
+        "jwt-private-key": private.private_key_base64(),
+    });
+    let err = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("jwt-private-key"), "{err}");
+    assert!(!err.to_string().contains(&private.private_key_base64()));
+    let config = json!({"addr": "127.0.0.1:0", "disable-authentication": true,
+                        "jwt-private-key": "bm90IGEga2V5"});
+    let err = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("JWT private key"), "{err}");
+}
