@@ -223,10 +223,15 @@ pub(crate) fn spawn(
     config: PublisherConfig,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let prefix_problem = config
-        .prefix
-        .split('.')
-        .find_map(|token| subject_token_problem(token).map(|p| (token.to_owned(), p)));
+    // NATS drops the connection of a protocol line beyond its limit (4 KiB by default).
+    let prefix_problem = if config.prefix.len() > 1024 {
+        Some((String::new(), "makes the prefix longer than 1024 bytes"))
+    } else {
+        config
+            .prefix
+            .split('.')
+            .find_map(|token| subject_token_problem(token).map(|p| (token.to_owned(), p)))
+    };
     match (&prefix_problem, &config.signer) {
         (Some((token, problem)), _) => tracing::error!(
             "fleet: discovery-subject-prefix {:?}: token {:?} {problem}; no rosters will be published",
