@@ -127,6 +127,12 @@ pub enum Failure {
         /// The total the growth would have reached.
         requested: usize,
     },
+    /// A host call copied more of the plugin's data than the host allows for one call.
+    #[error("{call} ended: a host call copied more data than the host allows for one call")]
+    HostCallFuel {
+        /// The exported function (or `instantiate`) during which the host call was made.
+        call: &'static str,
+    },
     /// `init` returned an error: the plugin rejects its configuration.
     #[error("init failed: {0}")]
     Init(String),
@@ -142,8 +148,21 @@ impl Failure {
             Failure::Trap { .. } => "trap",
             Failure::Deadline { .. } => "deadline",
             Failure::MemoryLimit { .. } => "memory-limit",
+            Failure::HostCallFuel { .. } => "host-call-fuel",
             Failure::Init(_) => "init",
             Failure::Setup(_) => "setup",
+        }
+    }
+
+    /// The exported function the failure ended, if it happened in one.
+    pub fn call(&self) -> Option<&'static str> {
+        match self {
+            Failure::Trap { call, .. }
+            | Failure::Deadline { call, .. }
+            | Failure::MemoryLimit { call, .. }
+            | Failure::HostCallFuel { call } => Some(call),
+            Failure::Init(_) => Some("init"),
+            Failure::Setup(_) => None,
         }
     }
 }
