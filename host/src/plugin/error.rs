@@ -58,7 +58,8 @@ pub enum HostError {
         /// What the linker reported.
         reason: String,
     },
-    /// A directory named in `capabilities.read-dirs` could not be opened.
+    /// A directory named in `capabilities.read-dirs` could not be granted: it is missing, or
+    /// it is, lies in or holds a kernel file system such as `/proc`.
     #[error("plugin {plugin}: cannot grant directory {path}: {reason}")]
     Preopen {
         /// The plugin name.

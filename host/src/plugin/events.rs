@@ -79,7 +79,7 @@ pub enum EventKind {
     CallFailed {
         /// The function.
         call: &'static str,
-        /// The plugin's error message.
+        /// The plugin's error message, cut at `logs::MAX_ERROR_MESSAGE` bytes.
         message: String,
     },
     /// A snapshot ended two instances in a row while being delivered; it is not delivered

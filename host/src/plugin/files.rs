@@ -36,8 +36,9 @@ pub const MAX_PATH: usize = 4096;
 /// The most names one `list` returns.
 pub const MAX_LIST_ENTRIES: usize = 65_536;
 
-/// Entries of `/proc` that expose kernel memory or consume the kernel log.
-const KERNEL_ENTRIES: [&str; 6] = [
+/// Entries of `/proc` that expose kernel memory or its layout, or consume the kernel log.
+const KERNEL_ENTRIES: [&str; 7] = [
+    "kallsyms",
     "kcore",
     "kmsg",
     "kpagecount",
@@ -437,6 +438,7 @@ mod tests {
             "/proc/1/mem",
             "/proc/123/task/124/environ",
             "/proc/kcore",
+            "/proc/kallsyms",
             "/dev/mem",
         ] {
             assert!(denied(&names(path), false).is_some(), "{path}");
