@@ -120,8 +120,8 @@ pub struct Limits {
     pub call_timeout: Duration,
     /// The most points one `emit` call may carry.
     pub max_points: u32,
-    /// The most line-protocol bytes one `emit` call may produce; it also caps what the host
-    /// allocates on the plugin's behalf in one host call.
+    /// The most line-protocol bytes one `emit` call may produce; copying a batch to the host
+    /// may allocate twice this before the batch is refused.
     pub max_emit_bytes: u32,
     /// The most bytes one `cc:fleet/files` read returns.
     pub max_file_bytes: u32,
