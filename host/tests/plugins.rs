@@ -843,6 +843,46 @@ async fn a_roster_that_traps_the_plugin_is_withheld_instead_of_quarantining_it()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_quarantined_by_a_roster_is_revived_by_the_next_roster() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let mut events = runtime.subscribe();
+    let (sink, _rx) = sink::channel(4);
+    let feeds = FeedSenders::new();
+    let mut trap = spec("hostile-trap");
+    trap.limits.restart_budget = 0;
+    let plugin = runtime.spawn(trap, feeds.subscribe(), sink);
+    let name = plugin.name().to_owned();
+    wait_for(&mut events, &name, "start", |e| {
+        e.kind == EventKind::Started
+    })
+    .await;
+
+    feeds.set_roster(vec![provider("ccms", "poison")]);
+    wait_for(&mut events, &name, "quarantine", |e| {
+        matches!(e.kind, EventKind::Quarantined { .. })
+    })
+    .await;
+    assert_eq!(plugin.status().borrow().state, PluginState::Quarantined);
+
+    // A new roster gives it another try, and it serves that roster.
+    feeds.set_roster(vec![provider("ccms", "m1")]);
+    wait_for(&mut events, &name, "new roster", |e| {
+        e.generation == 2 && is_log(e, "roster: 1 providers")
+    })
+    .await;
+    assert_eq!(plugin.status().borrow().state, PluginState::Running);
+
+    // Another poisoned roster: quarantined again (no budget), without a restart loop.
+    feeds.set_roster(vec![provider("ccb", "poison")]);
+    wait_for(&mut events, &name, "second quarantine", |e| {
+        e.generation == 2 && matches!(e.kind, EventKind::Quarantined { .. })
+    })
+    .await;
+    plugin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compiled_components_are_cached_on_disk() {
     let cache = tempfile::tempdir().unwrap();
     let spec = spec("roster-logger");

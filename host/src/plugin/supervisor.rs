@@ -11,7 +11,9 @@
 //! plugin that traps on one roster would be replayed that roster after every restart until
 //! its budget is spent. So a snapshot that ended two instances in a row while being
 //! delivered is withheld from the plugin until a different one replaces it; the restart
-//! that follows the withholding costs no budget.
+//! that follows the withholding costs no budget. A plugin quarantined by a snapshot (its
+//! budget spent before the second failure) gets one more try when that feed publishes a new
+//! snapshot.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -101,6 +103,8 @@ enum Wake {
     Stop,
     Changed,
     Elapsed,
+    /// The feed whose snapshot ended the plugin published a new one.
+    Fed,
 }
 
 struct Supervisor {
@@ -226,7 +230,7 @@ impl Supervisor {
                                 Wake::Stop => break,
                                 // A new file version gets a fresh load and a fresh budget.
                                 Wake::Changed => self.policy.reset(),
-                                Wake::Elapsed => loaded = Some(current),
+                                Wake::Elapsed | Wake::Fed => loaded = Some(current),
                             }
                         }
                         Decision::Quarantine { restarts } => {
@@ -237,9 +241,12 @@ impl Supervisor {
                             );
                             self.set_state(PluginState::Quarantined, Some(failure));
                             self.event(EventKind::Quarantined { restarts });
-                            match self.wait_for_change(None).await {
+                            match self.wait_in_quarantine().await {
                                 Wake::Stop => break,
                                 Wake::Changed | Wake::Elapsed => self.policy.reset(),
+                                // One more try with the new snapshot, still without budget:
+                                // failing again quarantines it again.
+                                Wake::Fed => loaded = Some(current),
                             }
                         }
                     }
@@ -287,6 +294,33 @@ impl Supervisor {
             tokio::select! {
                 _ = self.stop.changed() => return Wake::Stop,
                 _ = sleep_until(deadline) => return Wake::Elapsed,
+                _ = check.tick() => {
+                    let stamp = FileStamp::of(&self.spec.path);
+                    if stamp != self.seen_stamp {
+                        return Wake::Changed;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits in quarantine until the file changes or the plugin is stopped; when a snapshot
+    /// ended the plugin, also until its feed publishes a new one, so a plugin is never
+    /// quarantined for good by a snapshot that has since been replaced.
+    async fn wait_in_quarantine(&mut self) -> Wake {
+        let feed = self
+            .crashed_on
+            .as_ref()
+            .map(|(snapshot, _)| snapshot.call());
+        let mut check = watch_interval(self.runtime.options().watch_interval);
+        loop {
+            tokio::select! {
+                _ = self.stop.changed() => return Wake::Stop,
+                Ok(()) = self.feeds.config.changed(), if feed == Some("on-config") => return Wake::Fed,
+                Ok(()) = self.feeds.roster.changed(), if feed == Some("on-roster") => return Wake::Fed,
+                Ok(()) = self.feeds.instances.changed(), if feed == Some("on-instances") => {
+                    return Wake::Fed;
+                }
                 _ = check.tick() => {
                     let stamp = FileStamp::of(&self.spec.path);
                     if stamp != self.seen_stamp {
