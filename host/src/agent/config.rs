@@ -8,7 +8,7 @@
 //!   "discovery": {"provider": "STATIC", "static-endpoints": ["ms1:8080"]},
 //!   "metrics": {"type": "nats", "subject": "cc.metric.fritz"},
 //!   "plugins": [{"path": "plugins/loadavg.wasm", "collect-interval": "10s",
-//!                "capabilities": {"wasi": true, "read-dirs": ["/proc"]}}],
+//!                "capabilities": {"read-files": ["/proc/loadavg"]}}],
 //!   "shutdown-timeout": "10s"
 //! }
 //! ```

@@ -4,8 +4,9 @@
 //! order, from the bottom up (each layer uses only the ones before it):
 //!
 //! - [`spec`] and [`capabilities`]: how a plugin is declared, what it may reach;
-//! - `limits`, `emit`, `state`: the data of one plugin's `Store` and the `cc:fleet/host`
-//!   imports it implements; [`sink`] is where emitted line protocol goes;
+//! - `limits`, [`logs`], `emit`, [`files`], `state`: the data of one plugin's `Store` and
+//!   the `cc:fleet/host` and `cc:fleet/files` imports; [`sink`] is where emitted line
+//!   protocol goes;
 //! - [`engine`]: the shared [`Runtime`] (engine, epoch ticker, linkers, compile cache) that
 //!   loads a component into a [`LoadedPlugin`] and creates stores; it knows nothing of
 //!   supervision;
@@ -43,9 +44,11 @@ pub mod engine;
 pub mod error;
 pub mod events;
 pub mod feeds;
+pub mod files;
 pub mod handle;
 pub mod instance;
 mod limits;
+pub mod logs;
 pub mod restart;
 pub mod sink;
 pub mod spec;
