@@ -16,6 +16,9 @@ pub enum ServerError {
     /// An `api-allowed-ips` entry with a `/` that is not a CIDR range.
     #[error("server config: api-allowed-ips entry {0:?} is not a valid CIDR range")]
     InvalidAllowlist(String),
+    /// A `trusted-proxies` entry that is neither an address nor a CIDR range.
+    #[error("server config: trusted-proxies entry {0:?} is not an IP address or CIDR range")]
+    InvalidTrustedProxy(String),
     /// Neither `jwt-public-key` nor `JWT_PUBLIC_KEY` is set and authentication is enabled.
     #[error(
         "no JWT public key: set jwt-public-key or JWT_PUBLIC_KEY, or \"disable-authentication\": true"
@@ -24,6 +27,10 @@ pub enum ServerError {
     /// The configured public key cannot be used.
     #[error("JWT public key: {0}")]
     Key(#[source] AuthError),
+    /// The configured private key (which signs rosters) cannot be used, or does not belong
+    /// to the configured public key.
+    #[error("JWT private key (signs discovery rosters): {0}")]
+    PrivateKey(#[source] AuthError),
     /// The config tree cannot be loaded at start-up.
     #[error(transparent)]
     ConfigTree(#[from] TreeError),
