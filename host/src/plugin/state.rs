@@ -65,21 +65,22 @@ impl host::Host for HostState {
     }
 
     fn emit(&mut self, points: Vec<Point>) -> wasmtime::Result<Result<(), String>> {
-        let outcome = self
-            .emitter
-            .encode(&points, ccfleet::wire::now_ns())
-            .and_then(|lines| {
-                let bytes = lines.len();
-                self.emitter
-                    .sink
-                    .try_send(Batch {
-                        plugin: self.plugin.clone(),
-                        lines: lines.into(),
-                        points: points.len(),
-                    })
-                    .map(|()| bytes)
-                    .map_err(|e| e.to_string())
-            });
+        let encoded = self.emitter.encode(&points, ccfleet::wire::now_ns());
+        if encoded.is_err() {
+            self.emitter.sink.count_refused(points.len());
+        }
+        let outcome = encoded.and_then(|lines| {
+            let bytes = lines.len();
+            self.emitter
+                .sink
+                .try_send(Batch {
+                    plugin: self.plugin.clone(),
+                    lines: lines.into(),
+                    points: points.len(),
+                })
+                .map(|()| bytes)
+                .map_err(|e| e.to_string())
+        });
         match outcome {
             Ok(bytes) => {
                 self.event(EventKind::Emitted {

@@ -21,6 +21,7 @@ use super::instance::{CallResult, Instance};
 use super::restart::{Decision, RestartPolicy};
 use super::sink::SinkHandle;
 use super::spec::PluginSpec;
+use super::stats::{CallOutcome, PluginStats};
 use crate::plugin::Failure;
 
 impl Runtime {
@@ -41,6 +42,8 @@ fn spawn(runtime: Runtime, spec: PluginSpec, feeds: Feeds, sink: SinkHandle) -> 
         last_failure: None,
     });
     let (stop, stop_rx) = watch::channel(false);
+    let stats = Arc::new(PluginStats::default());
+    let sink = sink.counted(stats.clone());
     let supervisor = Supervisor {
         policy: RestartPolicy::new(&spec.limits),
         runtime,
@@ -52,9 +55,10 @@ fn spawn(runtime: Runtime, spec: PluginSpec, feeds: Feeds, sink: SinkHandle) -> 
         status: status_tx,
         generation: 0,
         seen_stamp: None,
+        stats: stats.clone(),
     };
     let task = tokio::spawn(supervisor.run());
-    PluginHandle::new(name, status, stop, task)
+    PluginHandle::new(name, status, stop, task, stats)
 }
 
 enum Exit {
@@ -83,6 +87,7 @@ struct Supervisor {
     /// The file version last looked at, so a file that failed to load is retried only once
     /// it changes again.
     seen_stamp: Option<FileStamp>,
+    stats: Arc<PluginStats>,
 }
 
 impl Supervisor {
@@ -124,7 +129,8 @@ impl Supervisor {
             self.generation += 1;
             let started = Instant::now();
             self.set_state(PluginState::Starting, None);
-            let exit = match Instance::start(
+            let begun = Instant::now();
+            let instance = Instance::start(
                 &self.runtime,
                 &current,
                 &self.spec,
@@ -132,8 +138,15 @@ impl Supervisor {
                 self.generation,
                 self.sink.clone(),
             )
-            .await
-            {
+            .await;
+            // Instantiation and `init` count as the `init` call.
+            let outcome = match &instance {
+                Ok(_) => CallOutcome::Ok,
+                Err(Failure::Init(_)) => CallOutcome::Error,
+                Err(_) => CallOutcome::Failed,
+            };
+            self.stats.record_call("init", outcome, begun.elapsed());
+            let exit = match instance {
                 Ok(mut instance) => {
                     tracing::info!(
                         plugin = &*self.name,
@@ -168,6 +181,7 @@ impl Supervisor {
                     });
                     match self.policy.on_failure(started, Instant::now()) {
                         Decision::Restart { delay, restarts } => {
+                            self.stats.restarted();
                             self.set_state(PluginState::Backoff, Some(failure));
                             self.event(EventKind::Restarting { delay, restarts });
                             match self.wait_for_change(Some(delay)).await {
@@ -183,6 +197,7 @@ impl Supervisor {
                                 restarts,
                                 "plugin quarantined until its file changes"
                             );
+                            self.stats.quarantined();
                             self.set_state(PluginState::Quarantined, Some(failure));
                             self.event(EventKind::Quarantined { restarts });
                             match self.wait_for_change(None).await {
@@ -247,7 +262,18 @@ impl Supervisor {
 
     /// Turns a call result into the supervisor's view: plugin errors are logged and
     /// survived, failures end the instance.
-    fn settle(&self, call: &'static str, result: CallResult) -> Result<bool, Failure> {
+    fn settle(
+        &self,
+        call: &'static str,
+        begun: Instant,
+        result: CallResult,
+    ) -> Result<bool, Failure> {
+        let outcome = match &result {
+            Ok(Ok(())) => CallOutcome::Ok,
+            Ok(Err(_)) => CallOutcome::Error,
+            Err(_) => CallOutcome::Failed,
+        };
+        self.stats.record_call(call, outcome, begun.elapsed());
         match result? {
             Ok(()) => Ok(true),
             Err(message) => {
@@ -261,8 +287,9 @@ impl Supervisor {
     async fn deliver_config(&mut self, instance: &mut Instance) -> Result<(), Failure> {
         let update = self.feeds.config.borrow_and_update().clone();
         if let Some(update) = update {
+            let begun = Instant::now();
             let result = instance.on_config(&update).await;
-            if self.settle("on-config", result)? {
+            if self.settle("on-config", begun, result)? {
                 self.event(EventKind::ConfigDelivered {
                     revision: update.revision,
                 });
@@ -274,8 +301,9 @@ impl Supervisor {
     async fn deliver_roster(&mut self, instance: &mut Instance) -> Result<(), Failure> {
         let roster = self.feeds.roster.borrow_and_update().clone();
         if let Some(roster) = roster {
+            let begun = Instant::now();
             let result = instance.on_roster(&roster).await;
-            if self.settle("on-roster", result)? {
+            if self.settle("on-roster", begun, result)? {
                 self.event(EventKind::RosterDelivered {
                     providers: roster.len(),
                 });
@@ -287,8 +315,9 @@ impl Supervisor {
     async fn deliver_instances(&mut self, instance: &mut Instance) -> Result<(), Failure> {
         let instances = self.feeds.instances.borrow_and_update().clone();
         if let Some(instances) = instances {
+            let begun = Instant::now();
             let result = instance.on_instances(&instances).await;
-            if self.settle("on-instances", result)? {
+            if self.settle("on-instances", begun, result)? {
                 self.event(EventKind::InstancesDelivered {
                     instances: instances.len(),
                 });
@@ -339,8 +368,9 @@ impl Supervisor {
                     Err(_) => instances_open = false,
                 },
                 _ = tick(&mut collect) => {
+                    let begun = Instant::now();
                     let result = instance.collect(ccfleet::wire::now_ns()).await;
-                    self.settle("collect", result)?;
+                    self.settle("collect", begun, result)?;
                 }
                 _ = check.tick() => {
                     let stamp = FileStamp::of(&self.spec.path);
