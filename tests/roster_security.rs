@@ -322,3 +322,124 @@ async fn a_client_without_a_key_takes_signed_and_unsigned_rosters_and_unknown_ty
     strict.close(Duration::from_secs(5)).await.unwrap();
     setup.server.shutdown().await.unwrap();
 }
+
+/// The nats-server `authorization` block the README recommends, with passwords filled in.
+fn documented_permissions() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let start = readme
+        .find("```text\nauthorization {")
+        .expect("the README documents NATS permissions")
+        + "```text\n".len();
+    let end = start + readme[start..].find("```").expect("end of the block");
+    readme[start..end]
+        .replace("$SERVER_PASSWORD", "\"pw-server\"")
+        .replace("$AGENT_PASSWORD", "\"pw-agent\"")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_nats_permissions_let_only_the_server_publish_rosters() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let nats = NatsServer::start_with_config(&documented_permissions());
+    let config = json!({
+        "addr": "127.0.0.1:0",
+        "disable-authentication": true,
+        "nats": {"address": nats.url(), "username": "ccfleet-server", "password": "pw-server"},
+        "fleet": {"heartbeat-subject": "cc.fleet.event", "discovery-interval": "200ms"}
+    });
+    let server = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
+        .await
+        .expect("server starts");
+    let agent = |errors: Option<Arc<std::sync::Mutex<Vec<String>>>>| {
+        let url = nats.url();
+        async move {
+            let mut options = async_nats::ConnectOptions::with_user_and_password(
+                "ccfleet-agent".into(),
+                "pw-agent".into(),
+            );
+            if let Some(errors) = errors {
+                options = options.event_callback(move |event| {
+                    let errors = errors.clone();
+                    async move {
+                        if let async_nats::Event::ServerError(e) = event {
+                            errors.lock().unwrap().push(e.to_string());
+                        }
+                    }
+                });
+            }
+            options.connect(url).await.unwrap()
+        }
+    };
+    let subject = "cc.fleet.discovery.infra.ccmc";
+    let watcher = agent(None).await;
+    let mut rosters = watcher.subscribe(subject).await.unwrap();
+    watcher.flush().await.unwrap();
+    // The server's rosters arrive.
+    let first = tokio::time::timeout(WAIT, rosters.next())
+        .await
+        .expect("a roster from the server")
+        .unwrap();
+    assert!(decode_roster_timed(&first.payload).is_ok());
+
+    // An agent's roster is refused by NATS and reaches nobody.
+    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let attacker = agent(Some(errors.clone())).await;
+    attacker
+        .publish(subject, roster(&[backend("evil01", &[])]).into())
+        .await
+        .unwrap();
+    attacker.flush().await.unwrap();
+    eventually("NATS refuses the agent's publish", WAIT, || async {
+        errors
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.contains("Permissions Violation for Publish"))
+    })
+    .await;
+    // Heartbeats stay allowed.
+    attacker
+        .publish(
+            "cc.fleet.event",
+            "fleet,function=heartbeat event=\"{}\" 1".into(),
+        )
+        .await
+        .unwrap();
+    attacker.flush().await.unwrap();
+    for _ in 0..3 {
+        let message = tokio::time::timeout(WAIT, rosters.next())
+            .await
+            .expect("server rosters keep coming")
+            .unwrap();
+        let (_, providers) = decode_roster_timed(&message.payload).unwrap();
+        assert!(providers.iter().all(|p| p.hostname != "evil01"));
+    }
+    eventually("the heartbeat received by the server", WAIT, || async {
+        server.heartbeat_stats().messages == 1
+    })
+    .await;
+    let refused = errors.lock().unwrap().clone();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_private_key_of_another_pair_than_the_public_key_is_refused_at_start() {
+    let (public, private) = (Keypair::generate(), Keypair::generate());
+    let config = json!({
+        "addr": "127.0.0.1:0",
+        "jwt-public-key": public.public_key_base64(),
+        "jwt-private-key": private.private_key_base64(),
+    });
+    let err = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("jwt-private-key"), "{err}");
+    assert!(!err.to_string().contains(&private.private_key_base64()));
+    let config = json!({"addr": "127.0.0.1:0", "disable-authentication": true,
+                        "jwt-private-key": "bm90IGEga2V5"});
+    let err = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("JWT private key"), "{err}");
+}

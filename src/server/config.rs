@@ -192,6 +192,19 @@ fn duration_or_default(key: &str, raw: Option<&str>, default: Duration) -> Durat
     }
 }
 
+/// Whether `prefix` is literal NATS subject tokens: non-empty tokens joined by `.`, without
+/// wildcards, whitespace or control characters, and short enough to leave room in
+/// nats-server's 4 KiB control line for the bucket and type that follow.
+fn is_subject_prefix(prefix: &str) -> bool {
+    prefix.len() <= 1024
+        && prefix.split('.').all(|token| {
+            !token.is_empty()
+                && !token
+                    .chars()
+                    .any(|c| c == '*' || c == '>' || c.is_whitespace() || c.is_control())
+        })
+}
+
 impl ServerConfig {
     /// Parses the JSON configuration file text.
     ///
@@ -210,6 +223,16 @@ impl ServerConfig {
                 DEFAULT_HEARTBEAT_CONCURRENCY
             }
         };
+        // Every roster subject starts with the prefix: one that is not plain subject tokens
+        // would silence (or cross-deliver) every roster, so refuse it at start-up.
+        if let Some(prefix) = f.discovery_subject_prefix.as_deref()
+            && !prefix.is_empty()
+            && !is_subject_prefix(prefix)
+        {
+            return Err(ServerError::InvalidConfig(
+                "fleet.discovery-subject-prefix must be NATS subject tokens joined by '.' (at most 1024 bytes, no empty token, wildcard, whitespace or control character)",
+            ));
+        }
         let fleet = FleetConfig {
             config_dir: f.config_dir.filter(|p| !p.as_os_str().is_empty()),
             stale_after: duration_or_default(
@@ -362,5 +385,22 @@ mod tests {
         assert!(ServerConfig::from_json(r#"{"bogus":1}"#).is_err());
         assert!(ServerConfig::from_json(r#"{"fleet":{"bogus":1}}"#).is_err());
         assert!(ServerConfig::from_json(r#"{"nats":{"address":""}}"#).is_err());
+    }
+
+    #[test]
+    fn a_discovery_prefix_that_is_no_literal_subject_is_refused() {
+        for prefix in ["cc.*", "cc.>", "cc..x", ".cc", "cc.", "c c", "cc\n"] {
+            let text = format!(r#"{{"fleet":{{"discovery-subject-prefix":"{prefix}"}}}}"#);
+            assert!(ServerConfig::from_json(&text).is_err(), "{prefix:?}");
+        }
+        let long = format!(
+            r#"{{"fleet":{{"discovery-subject-prefix":"{}"}}}}"#,
+            "a".repeat(1025)
+        );
+        assert!(ServerConfig::from_json(&long).is_err());
+        let c =
+            ServerConfig::from_json(r#"{"fleet":{"discovery-subject-prefix":"site-1.disc_2"}}"#)
+                .unwrap();
+        assert_eq!(c.fleet.discovery_subject_prefix, "site-1.disc_2");
     }
 }

@@ -223,10 +223,15 @@ pub(crate) fn spawn(
     config: PublisherConfig,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let prefix_problem = config
-        .prefix
-        .split('.')
-        .find_map(|token| subject_token_problem(token).map(|p| (token.to_owned(), p)));
+    // NATS drops the connection of a protocol line beyond its limit (4 KiB by default).
+    let prefix_problem = if config.prefix.len() > 1024 {
+        Some((String::new(), "makes the prefix longer than 1024 bytes"))
+    } else {
+        config
+            .prefix
+            .split('.')
+            .find_map(|token| subject_token_problem(token).map(|p| (token.to_owned(), p)))
+    };
     match (&prefix_problem, &config.signer) {
         (Some((token, problem)), _) => tracing::error!(
             "fleet: discovery-subject-prefix {:?}: token {:?} {problem}; no rosters will be published",
@@ -257,6 +262,7 @@ pub(crate) fn spawn(
             config,
             failing: HashSet::new(),
             skipped: 0,
+            round_failing: false,
         };
         let mut ticker = tokio::time::interval(publisher.config.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -288,6 +294,8 @@ struct Publisher {
     failing: HashSet<String>,
     /// How many rows the previous round skipped, so a change is logged once.
     skipped: usize,
+    /// Whether a round failed as a whole (NATS down or not confirming) and was logged.
+    round_failing: bool,
 }
 
 impl Publisher {
@@ -297,6 +305,22 @@ impl Publisher {
             tracing::error!("fleet: roster for {subject} not published: {error}");
         } else {
             tracing::debug!("fleet: roster for {subject} still not published: {error}");
+        }
+    }
+
+    /// Counts every roster of a round that failed as a whole; one log line per outage.
+    fn round_failed(&mut self, subjects: &[String], error: std::fmt::Arguments<'_>) {
+        for subject in subjects {
+            self.metrics.roster_subject_error(subject);
+        }
+        if self.round_failing {
+            tracing::debug!(
+                "fleet: {} roster(s) still not published: {error}",
+                subjects.len()
+            );
+        } else {
+            self.round_failing = true;
+            tracing::error!("fleet: {} roster(s) not published: {error}", subjects.len());
         }
     }
 
@@ -332,12 +356,11 @@ impl Publisher {
         if self.client.connection_state() != async_nats::connection::State::Connected {
             // Queued rosters would go out stale after the reconnect, which triggers a fresh
             // round anyway.
-            for roster in &rosters {
-                self.failed(
-                    &roster.subject,
-                    format_args!("NATS is disconnected; re-published once it reconnects"),
-                );
-            }
+            let subjects: Vec<String> = rosters.into_iter().map(|r| r.subject).collect();
+            self.round_failed(
+                &subjects,
+                format_args!("NATS is disconnected; they go out again once it reconnects"),
+            );
             return;
         }
         let now = crate::wire::now_ns();
@@ -395,17 +418,16 @@ impl Publisher {
         match confirmed {
             Ok(()) => {
                 Metrics::add(&self.metrics.roster_publishes, queued.len() as u64);
+                if std::mem::take(&mut self.round_failing) {
+                    tracing::info!("fleet: rosters are published again");
+                }
                 for subject in &queued {
                     if self.failing.remove(subject) {
                         tracing::info!("fleet: roster for {subject} published again");
                     }
                 }
             }
-            Err(e) => {
-                for subject in &queued {
-                    self.failed(subject, format_args!("flush: {e}"));
-                }
-            }
+            Err(e) => self.round_failed(&queued, format_args!("flush: {e}")),
         }
     }
 }

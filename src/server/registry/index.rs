@@ -23,10 +23,10 @@ impl Index {
 
     /// Puts a service under `key`; the instance id it had before stops resolving.
     pub(super) fn insert(&mut self, key: i64, instance: u128, service: Service) {
-        if let Some((old, _)) = self.rows.insert(key, (instance, service)) {
-            if old != instance {
-                self.by_instance.remove(&old);
-            }
+        if let Some((old, _)) = self.rows.insert(key, (instance, service))
+            && old != instance
+        {
+            self.by_instance.remove(&old);
         }
         self.by_instance.insert(instance, key);
     }
