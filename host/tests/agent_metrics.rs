@@ -404,6 +404,32 @@ async fn healthz_is_ok_while_every_part_is_up_and_the_listener_stops_with_the_ag
     );
 }
 
+/// While cc-backend cannot be reached the agent runs from its local configuration: the
+/// metrics say it is not registered and which fleet operations fail, and `/healthz` names
+/// that without calling the agent unhealthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_fleet_shows_as_unregistered_with_failing_operations() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on port 1.
+    let mut config = agent_config("http://127.0.0.1:1", dir.path(), json!([]));
+    config["fleet"]["heartbeat-interval"] = json!("100ms");
+    let agent = start(&config, dir.path()).await;
+    let addr = agent.metrics_addr().expect("a metrics listener");
+    let scrape = scrape_until(addr, "a failing registration", |s| {
+        value(s, "ccfleet_agent_fleet_operations_failing", &[]).is_some_and(|n| n >= 1.0)
+    })
+    .await;
+    assert_eq!(counter(&scrape, "ccfleet_agent_fleet_registered", &[]), 0.0);
+    assert!(value(&scrape, "ccfleet_agent_config_info", &[("source", "none")]).is_some());
+    let (status, health) = get(addr, "/healthz").await;
+    assert_eq!(status, 200, "{health}");
+    assert!(
+        health.contains("fleet: not registered, 1 operation(s) failing"),
+        "{health}"
+    );
+    let _ = agent.shutdown().await;
+}
+
 /// An address that cannot be listened on fails the start with an error naming the key,
 /// before the agent contacts anything.
 #[tokio::test]

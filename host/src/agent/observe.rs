@@ -276,6 +276,13 @@ impl Observed {
              ccfleet_agent_fleet_registered {}\n",
             u8::from(self.client.registered())
         );
+        let _ = write!(
+            out,
+            "# HELP ccfleet_agent_fleet_operations_failing Fleet operations (register, heartbeat, config, subscribe) failing now; 0 while cc-backend answers.\n\
+             # TYPE ccfleet_agent_fleet_operations_failing gauge\n\
+             ccfleet_agent_fleet_operations_failing {}\n",
+            self.client.failing_operations()
+        );
         if let Some(connected) = self.nats_connected() {
             let _ = write!(
                 out,
@@ -333,7 +340,7 @@ impl Observed {
                 }
             );
         }
-        let _ = writeln!(
+        let _ = write!(
             body,
             "fleet: {}",
             if self.client.registered() {
@@ -342,6 +349,13 @@ impl Observed {
                 "not registered"
             }
         );
+        // cc-backend being away is no failure of the agent: it runs from its configuration.
+        match self.client.failing_operations() {
+            0 => body.push('\n'),
+            n => {
+                let _ = writeln!(body, ", {n} operation(s) failing");
+            }
+        }
         for plugin in &self.plugins {
             let state = plugin.status.borrow().state;
             let down = matches!(state, PluginState::Quarantined | PluginState::LoadFailed);
