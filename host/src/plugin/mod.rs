@@ -14,7 +14,7 @@
 //! - [`restart`], [`feeds`], [`handle`], [`supervisor`]: one tokio task per plugin owning
 //!   its only store, fed the latest snapshots, restarting it within its budget.
 //!
-//! [`events`] reports what happens to plugins to whoever listens.
+//! [`events`] reports what happens to plugins to whoever listens; [`stats`] counts it.
 //!
 //! ```no_run
 //! use ccfleet_host::plugin::{FeedSenders, PluginSpec, Runtime, RuntimeOptions, sink};
@@ -53,6 +53,7 @@ pub mod restart;
 pub mod sink;
 pub mod spec;
 mod state;
+pub mod stats;
 pub mod supervisor;
 
 pub use capabilities::Capabilities;
@@ -63,6 +64,7 @@ pub use feeds::{FeedSenders, Feeds};
 pub use handle::{PluginHandle, PluginState, PluginStatus};
 pub use instance::{CallResult, Instance};
 pub use spec::{Limits, PluginSpec};
+pub use stats::{PluginStats, StatsSnapshot};
 
 /// The snapshot types plugins receive, as generated from the WIT package.
 pub mod types {

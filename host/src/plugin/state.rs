@@ -84,7 +84,10 @@ impl HostState {
     }
 
     fn emit(&mut self, points: &[Point]) -> Result<(), String> {
-        let lines = self.emitter.encode(points, ccfleet::wire::now_ns())?;
+        let lines = self
+            .emitter
+            .encode(points, ccfleet::wire::now_ns())
+            .inspect_err(|_| self.emitter.sink.count_refused(points.len()))?;
         let bytes = lines.len();
         self.emitter
             .sink
@@ -177,6 +180,7 @@ fn emit(
     points: WasmList<Point>,
 ) -> wasmtime::Result<Result<(), String>> {
     if let Err(reason) = store.data().emitter.check_count(points.len()) {
+        store.data().emitter.sink.count_refused(points.len());
         return Ok(Err(store.data().emit_refused(reason)));
     }
     // Copy the points under the batch's own budget: running out of it refuses the batch
@@ -202,6 +206,7 @@ fn emit(
     store.set_hostcall_fuel(call_fuel);
     if let Some(error) = failure {
         if is_hostcall_fuel(&error) {
+            store.data().emitter.sink.count_refused(points.len());
             let reason = store.data().emitter.too_large();
             return Ok(Err(store.data().emit_refused(reason)));
         }

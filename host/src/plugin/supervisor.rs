@@ -32,6 +32,7 @@ use super::logs::{LogGate, MAX_ERROR_MESSAGE};
 use super::restart::{Decision, RestartPolicy};
 use super::sink::SinkHandle;
 use super::spec::PluginSpec;
+use super::stats::{CallOutcome, PluginStats};
 use crate::plugin::Failure;
 use crate::plugin::types::{ConfigUpdate, Instance as DiscoveredInstance, Provider};
 
@@ -54,6 +55,8 @@ fn spawn(runtime: Runtime, spec: PluginSpec, feeds: Feeds, sink: SinkHandle) -> 
     });
     let (stop, stop_rx) = watch::channel(false);
     let logs = LogGate::new(&spec.limits);
+    let stats = Arc::new(PluginStats::default());
+    let sink = sink.counted(stats.clone());
     let supervisor = Supervisor {
         policy: RestartPolicy::new(&spec.limits),
         runtime,
@@ -69,9 +72,10 @@ fn spawn(runtime: Runtime, spec: PluginSpec, feeds: Feeds, sink: SinkHandle) -> 
         in_flight: None,
         crashed_on: None,
         withheld: Vec::new(),
+        stats: stats.clone(),
     };
     let task = tokio::spawn(supervisor.run());
-    PluginHandle::new(name, status, stop, task)
+    PluginHandle::new(name, status, stop, task, stats)
 }
 
 /// A snapshot as delivered to a plugin, compared by content.
@@ -129,6 +133,8 @@ struct Supervisor {
     crashed_on: Option<(Snapshot, u32)>,
     /// Snapshots not delivered again until replaced (at most one per feed).
     withheld: Vec<Snapshot>,
+    /// Calls, their outcomes and latency, for the agent's metrics.
+    stats: Arc<PluginStats>,
 }
 
 impl Supervisor {
@@ -170,7 +176,8 @@ impl Supervisor {
             self.generation += 1;
             let started = Instant::now();
             self.set_state(PluginState::Starting, None);
-            let exit = match Instance::start(
+            let begun = Instant::now();
+            let instance = Instance::start(
                 &self.runtime,
                 &current,
                 &self.spec,
@@ -179,8 +186,15 @@ impl Supervisor {
                 self.sink.clone(),
                 self.logs.clone(),
             )
-            .await
-            {
+            .await;
+            // Instantiation and `init` count as the `init` call.
+            let outcome = match &instance {
+                Ok(_) => CallOutcome::Ok,
+                Err(Failure::Init(_)) => CallOutcome::Error,
+                Err(_) => CallOutcome::Failed,
+            };
+            self.stats.record_call("init", outcome, begun.elapsed());
+            let exit = match instance {
                 Ok(mut instance) => {
                     tracing::info!(
                         plugin = &*self.name,
@@ -224,6 +238,7 @@ impl Supervisor {
                     };
                     match decision {
                         Decision::Restart { delay, restarts } => {
+                            self.stats.restarted();
                             self.set_state(PluginState::Backoff, Some(failure));
                             self.event(EventKind::Restarting { delay, restarts });
                             match self.wait_for_change(Some(delay)).await {
@@ -239,6 +254,7 @@ impl Supervisor {
                                 restarts,
                                 "plugin quarantined until its file changes"
                             );
+                            self.stats.quarantined();
                             self.set_state(PluginState::Quarantined, Some(failure));
                             self.event(EventKind::Quarantined { restarts });
                             match self.wait_in_quarantine().await {
@@ -333,7 +349,18 @@ impl Supervisor {
 
     /// Turns a call result into the supervisor's view: plugin errors are logged and
     /// survived, failures end the instance.
-    fn settle(&mut self, call: &'static str, result: CallResult) -> Result<bool, Failure> {
+    fn settle(
+        &mut self,
+        call: &'static str,
+        begun: Instant,
+        result: CallResult,
+    ) -> Result<bool, Failure> {
+        let outcome = match &result {
+            Ok(Ok(())) => CallOutcome::Ok,
+            Ok(Err(_)) => CallOutcome::Error,
+            Err(_) => CallOutcome::Failed,
+        };
+        self.stats.record_call(call, outcome, begun.elapsed());
         let result = result?;
         // Survived: whatever was in flight did not end the instance.
         self.in_flight = None;
@@ -421,8 +448,9 @@ impl Supervisor {
                 return Ok(());
             }
             self.in_flight = Some(snapshot);
+            let begun = Instant::now();
             let result = instance.on_config(&update).await;
-            if self.settle("on-config", result)? {
+            if self.settle("on-config", begun, result)? {
                 self.event(EventKind::ConfigDelivered {
                     revision: update.revision,
                 });
@@ -439,8 +467,9 @@ impl Supervisor {
                 return Ok(());
             }
             self.in_flight = Some(snapshot);
+            let begun = Instant::now();
             let result = instance.on_roster(&roster).await;
-            if self.settle("on-roster", result)? {
+            if self.settle("on-roster", begun, result)? {
                 self.event(EventKind::RosterDelivered {
                     providers: roster.len(),
                 });
@@ -457,8 +486,9 @@ impl Supervisor {
                 return Ok(());
             }
             self.in_flight = Some(snapshot);
+            let begun = Instant::now();
             let result = instance.on_instances(&instances).await;
-            if self.settle("on-instances", result)? {
+            if self.settle("on-instances", begun, result)? {
                 self.event(EventKind::InstancesDelivered {
                     instances: instances.len(),
                 });
@@ -509,8 +539,9 @@ impl Supervisor {
                     Err(_) => instances_open = false,
                 },
                 _ = tick(&mut collect) => {
+                    let begun = Instant::now();
                     let result = instance.collect(ccfleet::wire::now_ns()).await;
-                    self.settle("collect", result)?;
+                    self.settle("collect", begun, result)?;
                 }
                 _ = check.tick() => {
                     let stamp = FileStamp::of(&self.spec.path);
