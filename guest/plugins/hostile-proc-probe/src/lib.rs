@@ -28,13 +28,21 @@ impl Plugin for Probe {
         let config: Value = serde_json::from_str(config).map_err(|e| e.to_string())?;
         for path in paths(&config, "files") {
             match read_file(path) {
-                Ok(bytes) => log!(Level::Info, "probe files {path}: read {} bytes", bytes.len()),
+                Ok(bytes) => log!(
+                    Level::Info,
+                    "probe files {path}: read {} bytes",
+                    bytes.len()
+                ),
                 Err(why) => log!(Level::Info, "probe files {path}: refused {why}"),
             }
         }
         for path in paths(&config, "dirs") {
             match list_dir(path) {
-                Ok(names) => log!(Level::Info, "probe dirs {path}: listed [{}]", names.join(",")),
+                Ok(names) => log!(
+                    Level::Info,
+                    "probe dirs {path}: listed [{}]",
+                    names.join(",")
+                ),
                 Err(why) => log!(Level::Info, "probe dirs {path}: refused {why}"),
             }
         }
