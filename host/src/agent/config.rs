@@ -9,7 +9,8 @@
 //!   "metrics": {"type": "nats", "subject": "cc.metric.fritz"},
 //!   "plugins": [{"path": "plugins/loadavg.wasm", "collect-interval": "10s",
 //!                "capabilities": {"read-files": ["/proc/loadavg"]}}],
-//!   "shutdown-timeout": "10s"
+//!   "shutdown-timeout": "10s",
+//!   "metrics-addr": "127.0.0.1:9102"
 //! }
 //! ```
 //!
