@@ -64,7 +64,7 @@ fn loadavg() -> Json {
         "path": guests::component("loadavg"),
         "config": {"cluster": "fritz", "hostname": "node01"},
         "collect-interval": "100ms",
-        "capabilities": {"wasi": true, "read-dirs": ["/proc"]}
+        "capabilities": {"read-files": ["/proc/loadavg"]}
     })
 }
 
