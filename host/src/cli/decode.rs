@@ -142,11 +142,27 @@ fn decode_stream(
 ) -> anyhow::Result<()> {
     let mut pending = Vec::new();
     let mut line_no = 1;
+    // While an entry waits for its string to close, the bytes it held when last tried.
+    let mut waiting = None;
     loop {
+        let before = pending.len();
         let read = input
             .read_until(b'\n', &mut pending)
             .context("reading standard input")?;
         let at_end = read == 0;
+        if let Some(tried) = waiting
+            && !at_end
+            && !may_close_a_string(&pending[before..])
+            && pending.len() < 2 * tried
+        {
+            // Nothing new can end the wait; trying again on every line of a long string
+            // would cost time quadratic in its length.
+            if input.buffer().is_empty() {
+                printer.out.flush().context("writing to standard output")?;
+            }
+            continue;
+        }
+        waiting = None;
         let mut decoder = Decoder::resume_at(&pending, 0, line_no, options);
         let consumed = loop {
             let (start, start_line) = (decoder.position(), decoder.line_number());
@@ -161,6 +177,7 @@ fn decode_stream(
                         && needs_more_input(&pending[start..], start_line, options) =>
                 {
                     line_no = start_line;
+                    waiting = Some(pending.len() - start);
                     break start;
                 }
                 Some(item) => printer
@@ -177,6 +194,21 @@ fn decode_stream(
             printer.out.flush().context("writing to standard output")?;
         }
     }
+}
+
+/// Whether a line read while a string is open may close it: it holds a quote after an even
+/// run of backslashes (a line starts outside any escape, as the newline before it took the
+/// place of an escaped byte).
+fn may_close_a_string(line: &[u8]) -> bool {
+    let mut backslashes = 0;
+    for &b in line {
+        match b {
+            b'"' if backslashes % 2 == 0 => return true,
+            b'\\' => backslashes += 1,
+            _ => backslashes = 0,
+        }
+    }
+    false
 }
 
 /// Whether the failed entry at the start of `rest` was judged on input that has not arrived:
@@ -482,6 +514,15 @@ mod tests {
         WATCHED.with(|w| w.set(false));
         let peak = PEAK.load(Ordering::Relaxed);
         assert!(peak < 64 << 10, "printing peaked at {peak} bytes");
+    }
+
+    #[test]
+    fn only_a_quote_after_an_even_run_of_backslashes_may_close_a_waiting_string() {
+        assert!(may_close_a_string(b"abc\" 1\n"));
+        assert!(may_close_a_string(b"\\\\\" 1\n"));
+        assert!(!may_close_a_string(b"a\\\"b\n"));
+        assert!(!may_close_a_string(b"a\\\\\\\"b\n"));
+        assert!(!may_close_a_string(b"plain\n"));
     }
 
     #[test]
