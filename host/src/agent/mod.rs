@@ -266,6 +266,12 @@ impl Agent {
                 ));
             }
         };
+        match &target {
+            Target::Nats { subject, .. } => tracing::info!(%subject, "metrics go to NATS"),
+            Target::Stdout => tracing::info!(
+                "metrics go to standard output (no nats section, or metrics.type is stdout)"
+            ),
+        }
         let sink_task = tokio::spawn(sink::run(batches, target));
 
         let plugins = config
