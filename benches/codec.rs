@@ -1,7 +1,7 @@
 //! Codec benchmarks: ccfleet's decoder against the crates.io `influxdb-line-protocol` crate
 //! (the InfluxDB IOx parser) on the same inputs in the same run, plus the fleet wire paths.
 //!
-//! Run with `cargo bench --bench codec`. Each benchmark reports lines/s and bytes/s.
+//! Run with `cargo bench -p ccfleet --bench codec`. Each benchmark reports lines/s and bytes/s.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;

@@ -18,7 +18,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GUEST="$ROOT/guest"
 APT_PACKAGES="rustc-web rust-web-src lld-22 wasi-libc"
-NOSTD_PLUGINS=(roster-logger hostile-trap hostile-loop hostile-memory-bomb hostile-oversized-emit)
+NOSTD_PLUGINS=(roster-logger hello hostile-trap hostile-loop hostile-memory-bomb hostile-oversized-emit)
 STD_PLUGINS=(loadavg)
 
 usage() {

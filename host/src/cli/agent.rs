@@ -19,6 +19,13 @@ pub struct Args {
     check_config: bool,
 }
 
+impl Args {
+    /// Whether only the configuration is checked (its report is the output, not the logs).
+    pub fn checks_only(&self) -> bool {
+        self.check_config
+    }
+}
+
 /// Runs `ccfleet agent`.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.check_config {

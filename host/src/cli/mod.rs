@@ -72,6 +72,10 @@ impl Command {
             Command::Demo(_) => "error",
             // Their output is the point; a log line would only get in the way.
             Command::Completions(_) | Command::Manpage(_) | Command::Keygen(_) => "warn",
+            // The report is the output: the agent's token warning would repeat it as a log
+            // line; the server's configuration parser logs the durations it replaced.
+            Command::Agent(args) if args.checks_only() => "error",
+            Command::Server(args) if args.checks_only() => "warn",
             _ => "info",
         }
     }
@@ -132,10 +136,15 @@ pub fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
 
 /// Whether the error is standard output having been closed by its reader.
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    use std::io::ErrorKind::BrokenPipe;
     err.chain().any(|cause| {
+        // serde_json's writer errors wrap the I/O error without exposing it as a source.
         cause
             .downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            .is_some_and(|e| e.kind() == BrokenPipe)
+            || cause
+                .downcast_ref::<serde_json::Error>()
+                .is_some_and(|e| e.io_error_kind() == Some(BrokenPipe))
     })
 }
 
@@ -175,6 +184,10 @@ mod tests {
         let io = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
         let err = anyhow::Error::new(io).context("writing to standard output");
         assert!(is_broken_pipe(&err));
+        let json = serde_json::Error::io(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert!(is_broken_pipe(
+            &anyhow::Error::new(json).context("writing to standard output")
+        ));
         assert!(!is_broken_pipe(&anyhow::anyhow!("other")));
     }
 }

@@ -22,6 +22,13 @@ pub struct Args {
     check_config: bool,
 }
 
+impl Args {
+    /// Whether only the configuration is checked (its report is the output, not the logs).
+    pub fn checks_only(&self) -> bool {
+        self.check_config
+    }
+}
+
 /// Reads and parses a server configuration file, resolving its relative paths against the
 /// file's directory.
 pub fn load(path: &Path) -> anyhow::Result<ServerConfig> {
