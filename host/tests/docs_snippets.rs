@@ -492,6 +492,10 @@ ccfleet() {
     assert!(server.contains("registered fritz/ccmc/node01"), "{context}");
     assert!(agent_err.contains("joined the fleet"), "{context}");
     assert!(
+        agent_err.contains("metrics go to standard output"),
+        "the agent names its metric sink: {context}"
+    );
+    assert!(
         agent_out
             .lines()
             .any(|l| l.starts_with("load_one,") && l.contains("hostname=node01")),

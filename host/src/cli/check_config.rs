@@ -90,11 +90,10 @@ pub fn server(path: &Path) -> anyhow::Result<ExitCode> {
             "disable-authentication is true: anyone allowed by api-allowed-ips can register, heartbeat and deregister".to_owned(),
         );
     }
-    match &config.fleet.config_dir {
-        Some(dir) => found
+    if let Some(dir) = &config.fleet.config_dir {
+        found
             .notes
-            .push(format!("config tree at {}", dir.display())),
-        None => {}
+            .push(format!("config tree at {}", dir.display()));
     }
     if let Some(db) = &config.db {
         found
