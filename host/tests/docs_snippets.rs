@@ -600,3 +600,71 @@ fn the_docs_stand_alone() {
     }
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// The fixed parts of a troubleshooting entry: `key=<value>` fields dropped, split at
+/// `<placeholder>`, `...` and `: `, trimmed, and only those long enough to mean something.
+fn fixed_fragments(line: &str) -> Vec<String> {
+    let kept: Vec<&str> = line
+        .split(' ')
+        .filter(|word| {
+            !word
+                .split_once('=')
+                .is_some_and(|(_, v)| v.starts_with('<') || v.starts_with("..."))
+        })
+        .collect();
+    let mut text = kept.join(" ");
+    while let Some(start) = text.find('<') {
+        let Some(len) = text[start..].find('>') else {
+            break;
+        };
+        text.replace_range(start..start + len + 1, "\u{0}");
+    }
+    text.replace("...", "\u{0}")
+        .replace(": ", "\u{0}")
+        .split('\u{0}')
+        .map(|f| {
+            f.trim_matches([' ', ':', '\'', '"', ',', '.', '(', ')'])
+                .to_owned()
+        })
+        .filter(|f| f.len() >= 8)
+        .collect()
+}
+
+fn source_text(dir: &Path, out: &mut String) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            source_text(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push_str(&std::fs::read_to_string(&path).unwrap());
+        }
+    }
+}
+
+#[test]
+fn every_troubleshooting_entry_quotes_a_line_the_code_writes() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let section = readme
+        .split("## Troubleshooting")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("the README has a troubleshooting section");
+    let mut sources = String::new();
+    source_text(&repo_root().join("src"), &mut sources);
+    source_text(&repo_root().join("host/src"), &mut sources);
+    let mut rows = 0;
+    let mut missing = Vec::new();
+    for row in section.lines().filter(|l| l.starts_with("| `")) {
+        let quoted = row[3..].split('`').next().unwrap();
+        let fragments = fixed_fragments(quoted);
+        assert!(!fragments.is_empty(), "nothing to check in `{quoted}`");
+        for fragment in fragments {
+            if !sources.contains(&fragment) {
+                missing.push(format!("`{quoted}`: {fragment:?} is in no source file"));
+            }
+        }
+        rows += 1;
+    }
+    assert!(rows >= 10, "only {rows} entries");
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
