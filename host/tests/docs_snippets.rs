@@ -668,3 +668,59 @@ fn every_troubleshooting_entry_quotes_a_line_the_code_writes() {
     assert!(rows >= 10, "only {rows} entries");
     assert!(missing.is_empty(), "{}", missing.join("\n"));
 }
+
+/// The ```json blocks of the doc comments under `dir`, with their origin.
+fn doc_json_blocks(dir: &Path, out: &mut Vec<(String, String)>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            doc_json_blocks(&path, out);
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut current: Option<(String, String)> = None;
+        for (n, line) in text.lines().enumerate() {
+            let doc = line.trim_start();
+            let Some(doc) = doc.strip_prefix("//!").or_else(|| doc.strip_prefix("///")) else {
+                continue;
+            };
+            let doc = doc.strip_prefix(' ').unwrap_or(doc);
+            match &mut current {
+                None if doc.trim() == "```json" => {
+                    current = Some((format!("{}:{}", path.display(), n + 1), String::new()));
+                }
+                Some(_) if doc.trim() == "```" => out.push(current.take().unwrap()),
+                Some((_, body)) => {
+                    body.push_str(doc);
+                    body.push('\n');
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+#[test]
+fn the_json_in_doc_comments_parses_with_the_real_parsers() {
+    let mut blocks = Vec::new();
+    doc_json_blocks(&repo_root().join("src"), &mut blocks);
+    doc_json_blocks(&repo_root().join("host/src"), &mut blocks);
+    assert!(!blocks.is_empty());
+    for (origin, text) in blocks {
+        let value: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{origin}: {e}\n{text}"));
+        // An agent configuration, or one plugin entry of it.
+        if value.get("fleet").is_some() {
+            AgentConfig::from_json(&text, Path::new("/etc/ccfleet"))
+                .unwrap_or_else(|e| panic!("{origin}: {e}"));
+        } else if value.get("path").is_some() {
+            serde_json::from_value::<ccfleet_host::PluginSpec>(value)
+                .unwrap_or_else(|e| panic!("{origin}: {e}"))
+                .validate()
+                .unwrap_or_else(|e| panic!("{origin}: {e}"));
+        }
+    }
+}

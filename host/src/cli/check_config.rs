@@ -85,6 +85,11 @@ pub fn server(path: &Path) -> anyhow::Result<ExitCode> {
             .warnings
             .push("db is not set: the registry lives in memory and is lost on restart".to_owned());
     }
+    if config.nats.is_none() && config.fleet.heartbeat_subject.is_some() {
+        found.warnings.push(
+            "fleet.heartbeat-subject is set but there is no nats section: heartbeats arrive only over REST".to_owned(),
+        );
+    }
     if config.disable_authentication {
         found.warnings.push(
             "disable-authentication is true: anyone allowed by api-allowed-ips can register, heartbeat and deregister".to_owned(),
@@ -157,14 +162,10 @@ pub fn check_server(config: &ServerConfig) -> Report {
             parent.display()
         ));
     }
-    match (&config.nats, &config.fleet.heartbeat_subject) {
-        (None, Some(_)) => report.warnings.push(
-            "fleet.heartbeat-subject is set but there is no nats section: heartbeats arrive only over REST".to_owned(),
-        ),
-        (Some(_), None) => report.warnings.push(
+    if config.nats.is_some() && config.fleet.heartbeat_subject.is_none() {
+        report.warnings.push(
             "nats is set but fleet.heartbeat-subject is not: the server consumes no NATS heartbeats (rosters are still published)".to_owned(),
-        ),
-        _ => {}
+        );
     }
     report
 }
