@@ -458,7 +458,7 @@ ccfleet() {
     "agent --config")
         "$CCFLEET_BIN" "$@" > agent.out 2> agent.err &
         local pid=$!
-        for _ in $(seq 1 600); do grep -q '^load_one' agent.out && break; sleep 0.1; done
+        for _ in $(seq 1 1200); do grep -q '^load_one' agent.out && break; sleep 0.1; done
         kill -INT "$pid"
         wait "$pid" ;;
     *) "$CCFLEET_BIN" "$@" ;;
