@@ -10,8 +10,8 @@ mod guests;
 
 use std::time::{Duration, Instant};
 
+use ccfleet_host::plugin::Instance;
 use ccfleet_host::sink::{self, BatchReceiver};
-use ccfleet_host::supervisor::Instance;
 use ccfleet_host::types::{ConfigUpdate, Source};
 use ccfleet_host::{LoadedPlugin, PluginSpec, Runtime, RuntimeOptions};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};

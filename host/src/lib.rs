@@ -1,34 +1,14 @@
-//! The ccfleet agent: a wasmtime component-model host for fleet plugins.
-//!
-//! Plugins are WebAssembly components targeting the `cc:fleet` WIT world (`wit/`). The
-//! [`Runtime`] owns the engine, the linkers and the compile cache; each plugin runs in its
-//! own tokio task owning its own `Store` ([`supervisor`]), fed the latest configuration,
-//! roster and instance snapshots through watch channels ([`Feeds`]). Emitted points become
-//! line protocol and go to a [`sink`]. The [`agent`] wires this to the fleet client and
-//! service discovery.
+//! The ccfleet agent, in three layers: the `ccfleet` binary's `cli` (one file per
+//! subcommand, in `src/cli/`) uses [`agent`] (the fleet client, service discovery and the
+//! plugins of one host wired together), which uses [`plugin`] (the wasmtime runtime that
+//! loads, feeds and supervises WebAssembly plugins). Nothing points the other way.
 #![warn(missing_docs)]
 
 pub mod agent;
-mod bindings;
-mod cache;
-pub mod componentize;
-pub mod error;
-pub mod events;
-pub mod runtime;
-pub mod sink;
-pub mod spec;
-mod state;
-pub mod supervisor;
+pub mod plugin;
 
-pub use error::{Failure, HostError};
-pub use events::{EventKind, PluginEvent};
-pub use runtime::{LoadedPlugin, Runtime, RuntimeOptions};
-pub use spec::{Capabilities, Limits, PluginSpec};
-pub use supervisor::{FeedSenders, Feeds, PluginHandle, PluginState, PluginStatus};
-
-/// The snapshot types plugins receive, as generated from the WIT package.
-pub mod types {
-    pub use crate::bindings::cc::fleet::types::{
-        ConfigUpdate, FieldValue, Instance, Level, Point, Provider, Source,
-    };
-}
+pub use plugin::{
+    Capabilities, EventKind, Failure, FeedSenders, Feeds, HostError, Limits, LoadedPlugin,
+    PluginEvent, PluginHandle, PluginSpec, PluginState, PluginStatus, Runtime, RuntimeOptions,
+};
+pub use plugin::{componentize, error, events, sink, spec, types};

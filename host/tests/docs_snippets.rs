@@ -134,15 +134,39 @@ fn every_json_toml_and_guest_rust_block_is_a_checked_file() {
             parse_with_real_parser(rel, &file);
         } else if let Some(spec) = marked(&block, "merged:") {
             check_merged(&block, spec);
+        } else if marked(&block, "fragment:") == Some("agent") {
+            check_agent_fragment(&block);
         } else {
             panic!(
-                "{}: a {} block needs <!-- file: PATH --> (or <!-- merged: ... -->) so it is checked",
+                "{}: a {} block needs <!-- file: PATH --> (or merged:, fragment:) so it is checked",
                 block.origin, block.lang
             );
         }
         checked += 1;
     }
     assert!(checked >= 8, "only {checked} blocks were checked");
+}
+
+/// A part of an agent configuration whose `<... PUBLIC_KEY ...>` placeholders stand for a
+/// real public key: with one filled in, it must parse.
+fn check_agent_fragment(block: &Block) {
+    let key = ccfleet::server::auth::Keypair::generate().public_key_base64();
+    let mut text = block.text.clone();
+    while let Some(start) = text.find("\"<") {
+        let len = text[start..].find(">\"").expect("a closed placeholder") + 2;
+        let placeholder = &text[start..start + len];
+        assert!(
+            placeholder.contains("PUBLIC_KEY"),
+            "{}: unknown placeholder {placeholder}",
+            block.origin
+        );
+        text.replace_range(start..start + len, &format!("\"{key}\""));
+    }
+    let config = AgentConfig::from_json(&text, Path::new("/etc/ccfleet"))
+        .unwrap_or_else(|e| panic!("{}: {e}", block.origin));
+    ccfleet::client::Config::from_value(config.fleet.clone())
+        .and_then(|fleet| fleet.validate())
+        .unwrap_or_else(|e| panic!("{}: {e}", block.origin));
 }
 
 fn check_merged(block: &Block, spec: &str) {

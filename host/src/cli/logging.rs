@@ -46,7 +46,9 @@ pub fn filter(rust_log: Option<&str>, default: &str) -> anyhow::Result<EnvFilter
                 "RUST_LOG={directives:?} is not a valid filter (e.g. RUST_LOG=info,ccfleet=debug)"
             )
         }),
-        None => Ok(EnvFilter::new(default)),
+        // async-nats logs every reconnect attempt at info level; the programs' own NATS
+        // event handlers say what matters (RUST_LOG=async_nats=debug shows it all).
+        None => Ok(EnvFilter::new(format!("{default},async_nats=off"))),
     }
 }
 

@@ -17,7 +17,8 @@ use std::time::Duration;
 use ccfleet::duration::serde_go;
 use serde::{Deserialize, Serialize};
 
-use crate::HostError;
+pub use super::capabilities::Capabilities;
+use crate::plugin::HostError;
 
 /// One plugin of the agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,20 +167,6 @@ impl Limits {
     pub fn memory_bytes(&self) -> usize {
         (self.memory_mb as usize) << 20
     }
-}
-
-/// Capabilities granted to a plugin. Nothing is granted by default: the plugin sees only
-/// the `cc:fleet/host` interface.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct Capabilities {
-    /// Links WASI (clocks, random, stdio discarded; no network, no environment). A component
-    /// importing WASI without this grant is refused at load.
-    #[serde(default)]
-    pub wasi: bool,
-    /// Host directories the plugin may read, each visible under the same path. Needs `wasi`.
-    #[serde(default)]
-    pub read_dirs: Vec<PathBuf>,
 }
 
 mod optional_go_duration {

@@ -12,7 +12,7 @@ use wasi_preview1_component_adapter_provider::{
     WASI_SNAPSHOT_PREVIEW1_ADAPTER_NAME, WASI_SNAPSHOT_PREVIEW1_REACTOR_ADAPTER,
 };
 
-use crate::HostError;
+use crate::plugin::HostError;
 
 const MAGIC: &[u8; 4] = b"\0asm";
 const CORE_VERSION: [u8; 4] = [0x01, 0x00, 0x00, 0x00];

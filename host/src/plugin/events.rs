@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Failure;
-use crate::types::Level;
+use crate::plugin::Failure;
+use crate::plugin::types::Level;
 
 /// One event of one plugin.
 #[derive(Debug, Clone, PartialEq)]

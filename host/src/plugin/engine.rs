@@ -1,6 +1,7 @@
 //! The shared part of the host: one wasmtime `Engine` with epoch interruption, its ticker, the
 //! linkers (with and without WASI) and the compile cache. Plugins are loaded here into an
-//! `InstancePre`, which every (re)instantiation of the plugin reuses.
+//! `InstancePre`, which every (re)instantiation of the plugin reuses, and each instantiation
+//! gets a fresh store from `Runtime::new_store`. This layer knows nothing of supervision.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,16 +10,17 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::broadcast;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine, Store, UpdateDeadline};
-use wasmtime_wasi::{FsPerms, WasiCtx};
+use wasmtime_wasi::WasiCtx;
 
-use crate::HostError;
-use crate::bindings::{FleetPlugin, FleetPluginPre};
-use crate::cache::{ComponentCache, content_hash};
-use crate::events::{EventSender, PluginEvent};
-use crate::sink::SinkHandle;
-use crate::spec::PluginSpec;
-use crate::state::{Emitter, HostState, MemoryLimiter};
-use crate::supervisor::{self, Feeds, PluginHandle};
+use super::bindings::{FleetPlugin, FleetPluginPre};
+use super::cache::{ComponentCache, content_hash};
+use super::emit::Emitter;
+use super::events::{EventSender, PluginEvent};
+use super::limits::MemoryLimiter;
+use super::sink::SinkHandle;
+use super::spec::PluginSpec;
+use super::state::HostState;
+use crate::plugin::HostError;
 
 /// Options of a [`Runtime`].
 #[derive(Debug, Clone)]
@@ -174,7 +176,7 @@ impl Runtime {
         if Engine::detect_precompiled(bytes).is_some() {
             return Err(HostError::Precompiled { path: path.clone() });
         }
-        if crate::componentize::is_core_module(bytes) {
+        if super::componentize::is_core_module(bytes) {
             return Err(HostError::CoreModule { path: path.clone() });
         }
         let hash = content_hash(bytes);
@@ -224,16 +226,13 @@ impl Runtime {
         let limits = &spec.limits;
         let wasi = if spec.capabilities.wasi {
             let mut builder = WasiCtx::builder();
-            for dir in &spec.capabilities.read_dirs {
-                let guest = dir.to_string_lossy();
-                builder
-                    .preopened_dir(dir, guest.as_ref(), FsPerms::ReadOnly)
-                    .map_err(|e| HostError::Preopen {
-                        plugin: plugin.to_string(),
-                        path: dir.clone(),
-                        reason: format!("{e:#}"),
-                    })?;
-            }
+            spec.capabilities
+                .configure(&mut builder)
+                .map_err(|e| HostError::Preopen {
+                    plugin: plugin.to_string(),
+                    path: e.path,
+                    reason: e.reason,
+                })?;
             Some(builder.build())
         } else {
             None
@@ -271,27 +270,6 @@ impl Runtime {
         });
         store.set_epoch_deadline(1);
         Ok(store)
-    }
-
-    /// Starts a supervised plugin: loads it, instantiates it, feeds it and restarts it on
-    /// failure, until the returned handle is stopped or dropped.
-    pub fn spawn(&self, spec: PluginSpec, feeds: Feeds, sink: SinkHandle) -> PluginHandle {
-        supervisor::spawn(self.clone(), spec, feeds, sink)
-    }
-}
-
-impl LoadedPlugin {
-    /// Instantiates the plugin into a fresh store and calls `init` with its configuration:
-    /// the first step of every (re)start. Exposed for benchmarks and embedders that drive a
-    /// plugin themselves; the supervisor does this on its own.
-    pub async fn instantiate(
-        &self,
-        runtime: &Runtime,
-        spec: &PluginSpec,
-        sink: SinkHandle,
-    ) -> Result<crate::supervisor::Instance, crate::Failure> {
-        crate::supervisor::Instance::start(runtime, self, spec, spec.display_name().into(), 1, sink)
-            .await
     }
 }
 

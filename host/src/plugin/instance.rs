@@ -1,0 +1,163 @@
+//! One instantiation of a plugin: its store, the bindings to its exports and the guard that
+//! runs every call under the CPU deadline and a wall-clock timeout.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::Store;
+
+use super::bindings::FleetPlugin;
+use super::engine::{LoadedPlugin, Runtime};
+use super::limits::MemoryLimitExceeded;
+use super::sink::SinkHandle;
+use super::spec::PluginSpec;
+use super::state::HostState;
+use crate::plugin::Failure;
+use crate::plugin::types::{ConfigUpdate, Instance as DiscoveredInstance, Provider};
+
+/// Extra wall-clock time allowed past the CPU deadline before the call's future is dropped:
+/// epoch interruption normally ends the call first; the timeout catches calls blocked in the
+/// host.
+const TIMEOUT_GRACE: Duration = Duration::from_millis(250);
+
+/// A running instance of a plugin: its store and the bindings to its exports.
+pub struct Instance {
+    store: Store<HostState>,
+    bindings: FleetPlugin,
+    timeout: Duration,
+}
+
+/// The result of one call: `Err` is a failure that killed the store; the inner `Err` is the
+/// plugin's own error, which it survives.
+pub type CallResult = Result<Result<(), String>, Failure>;
+
+/// Runs `$body` (a call into the plugin) under the CPU deadline and the wall-clock timeout.
+macro_rules! guarded {
+    ($inst:expr, $call:literal, |$guest:ident, $store:ident| $body:expr) => {{
+        let inst: &mut Instance = $inst;
+        let limit = inst.timeout;
+        inst.store.data_mut().deadline = Instant::now() + limit;
+        inst.store.set_epoch_deadline(1);
+        let $guest = inst.bindings.cc_fleet_plugin();
+        let $store = &mut inst.store;
+        let outcome = tokio::time::timeout(limit + TIMEOUT_GRACE, $body).await;
+        classify($call, limit, outcome)
+    }};
+}
+
+fn classify(
+    call: &'static str,
+    limit: Duration,
+    outcome: Result<wasmtime::Result<Result<(), String>>, tokio::time::error::Elapsed>,
+) -> CallResult {
+    match outcome {
+        Ok(Ok(result)) => Ok(result),
+        Ok(Err(error)) => Err(failure_of(call, limit, &error)),
+        Err(_) => Err(Failure::Deadline { call, limit }),
+    }
+}
+
+fn failure_of(call: &'static str, limit: Duration, error: &wasmtime::Error) -> Failure {
+    if let Some(exceeded) = error.downcast_ref::<MemoryLimitExceeded>() {
+        return Failure::MemoryLimit {
+            call,
+            limit: exceeded.limit,
+            requested: exceeded.requested,
+        };
+    }
+    match error.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => Failure::Deadline { call, limit },
+        Some(trap) => Failure::Trap {
+            call,
+            message: trap.to_string(),
+        },
+        None => Failure::Trap {
+            call,
+            message: error.to_string(),
+        },
+    }
+}
+
+impl Instance {
+    /// Creates a store, instantiates the plugin from its `InstancePre` and calls `init`.
+    pub(crate) async fn start(
+        runtime: &Runtime,
+        loaded: &LoadedPlugin,
+        spec: &PluginSpec,
+        plugin: Arc<str>,
+        generation: u64,
+        sink: SinkHandle,
+    ) -> Result<Instance, Failure> {
+        let mut store = runtime
+            .new_store(spec, plugin, generation, sink)
+            .map_err(|e| Failure::Setup(e.to_string()))?;
+        let limit = spec.limits.call_timeout;
+        store.data_mut().deadline = Instant::now() + limit;
+        let outcome = tokio::time::timeout(
+            limit + TIMEOUT_GRACE,
+            loaded.pre.instantiate_async(&mut store),
+        )
+        .await;
+        let bindings = match outcome {
+            Ok(Ok(bindings)) => bindings,
+            Ok(Err(error)) => return Err(failure_of("instantiate", limit, &error)),
+            Err(_) => {
+                return Err(Failure::Deadline {
+                    call: "instantiate",
+                    limit,
+                });
+            }
+        };
+        let mut instance = Instance {
+            store,
+            bindings,
+            timeout: limit,
+        };
+        let config = spec.config.to_string();
+        match guarded!(&mut instance, "init", |guest, store| guest
+            .call_init(store, &config))
+        {
+            Ok(Ok(())) => Ok(instance),
+            Ok(Err(message)) => Err(Failure::Init(message)),
+            Err(failure) => Err(failure),
+        }
+    }
+
+    /// Calls `on-config`.
+    pub async fn on_config(&mut self, update: &ConfigUpdate) -> CallResult {
+        guarded!(self, "on-config", |guest, store| guest
+            .call_on_config(store, update))
+    }
+
+    /// Calls `on-roster`.
+    pub async fn on_roster(&mut self, providers: &[Provider]) -> CallResult {
+        guarded!(self, "on-roster", |guest, store| guest
+            .call_on_roster(store, providers))
+    }
+
+    /// Calls `on-instances`.
+    pub async fn on_instances(&mut self, instances: &[DiscoveredInstance]) -> CallResult {
+        guarded!(self, "on-instances", |guest, store| guest
+            .call_on_instances(store, instances))
+    }
+
+    /// Calls `collect`.
+    pub async fn collect(&mut self, now_ns: i64) -> CallResult {
+        guarded!(self, "collect", |guest, store| guest
+            .call_collect(store, now_ns))
+    }
+}
+
+impl LoadedPlugin {
+    /// Instantiates the plugin into a fresh store and calls `init` with its configuration:
+    /// the first step of every (re)start. Exposed for benchmarks and embedders that drive a
+    /// plugin themselves; the supervisor does this on its own.
+    pub async fn instantiate(
+        &self,
+        runtime: &Runtime,
+        spec: &PluginSpec,
+        sink: SinkHandle,
+    ) -> Result<Instance, Failure> {
+        Instance::start(runtime, self, spec, spec.display_name().into(), 1, sink).await
+    }
+}
