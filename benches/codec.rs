@@ -2,6 +2,14 @@
 //! (the InfluxDB IOx parser) on the same inputs in the same run, plus the fleet wire paths.
 //!
 //! Run with `cargo bench -p ccfleet --bench codec`. Each benchmark reports lines/s and bytes/s.
+//!
+//! With `CODEC_PEER=<command>` it instead runs a side-by-side comparison with another
+//! decoder: the inputs are written to files, and in each of `CODEC_ROUNDS` (default 15)
+//! interleaved rounds ccfleet decodes every file `CODEC_PASSES` (default 20) times in-process
+//! and then `<command> <passes> <file>...` is run, which must decode each file the same
+//! number of times (reading every token: measurement, tags, typed field values with strings
+//! unescaped, time) and print `<file> <best nanoseconds of one pass>` per file. The table
+//! gives the minimum and median over rounds of each side's best pass, per line.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -9,9 +17,7 @@ use std::time::Duration;
 
 use ccfleet::lineproto::{Decoder, FieldValue};
 use ccfleet::wire::{self, Provider, ServiceType};
-use criterion::{
-    BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime,
-};
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurement::WallTime};
 
 const T: i64 = 1_734_000_000_000_000_000;
 
@@ -103,6 +109,34 @@ fn long_strings(n: u64) -> Input {
     }
 }
 
+fn long_escaped_strings(n: u64) -> Input {
+    let line = format!(
+        "name,ta\\=g1=foo\\ bar\\,baz,tag2=asdfvdfsvdsvdfs,tag\\=vdsvd=hello field=\"{}\" 1602841605822791506\n",
+        "\\\"".repeat(4500)
+    );
+    Input {
+        name: "long-escaped-string",
+        text: line.repeat(n as usize),
+        lines: n,
+    }
+}
+
+fn many_fields(n: u64) -> Input {
+    let mut line = String::from("procstat,exe=bash,process_name=bash ");
+    for i in 0..52 {
+        if i > 0 {
+            line.push(',');
+        }
+        line.push_str(&format!("field_number_{i}={}i", i * 7919));
+    }
+    line.push_str(" 1602841605822791506\n");
+    Input {
+        name: "many-fields",
+        text: line.repeat(n as usize),
+        lines: n,
+    }
+}
+
 fn short_lines(n: u64) -> Input {
     Input {
         name: "go-many-short-lines",
@@ -111,12 +145,13 @@ fn short_lines(n: u64) -> Input {
     }
 }
 
-/// Reads every token of every line; `unescape` says whether tokens are unescaped (as the
-/// peer always does) or read as views (the zero-copy path).
+/// Reads every token of every line; `unescape` says whether tokens are unescaped (into a
+/// reused buffer, as the Go decoder does) or read as views (the zero-copy path).
 fn ccfleet_read(text: &[u8], unescape: bool) -> usize {
-    let len = |t: ccfleet::lineproto::Token<'_>| {
+    let mut scratch = String::new();
+    let mut len = |t: ccfleet::lineproto::Token<'_>| {
         if unescape {
-            t.unescape().len()
+            t.unescape_with(&mut scratch).len()
         } else {
             t.raw().len()
         }
@@ -272,4 +307,121 @@ criterion_group! {
     config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
     targets = decode, fleet
 }
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(peer) = std::env::var("CODEC_PEER") {
+        side_by_side(&peer);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name).map_or(default, |v| v.parse().expect(name))
+}
+
+/// The best of `passes` timed runs of `f`, in nanoseconds.
+fn best_of(passes: usize, mut f: impl FnMut() -> usize) -> u128 {
+    (0..passes)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            black_box(f());
+            start.elapsed().as_nanos()
+        })
+        .min()
+        .unwrap()
+}
+
+fn min_and_median(values: &mut [f64]) -> (f64, f64) {
+    values.sort_by(f64::total_cmp);
+    (values[0], values[values.len() / 2])
+}
+
+/// Interleaved rounds of ccfleet and a peer decoder on the same files; see the module docs.
+fn side_by_side(peer: &str) {
+    let rounds = env_number("CODEC_ROUNDS", 15);
+    let passes = env_number("CODEC_PASSES", 20);
+    let inputs = [
+        heartbeats(10_000),
+        rosters(1_000),
+        metrics(10_000),
+        short_lines(10_000),
+        many_fields(1_000),
+        long_strings(500),
+        long_escaped_strings(200),
+    ];
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let files: Vec<String> = inputs
+        .iter()
+        .map(|input| {
+            let path = dir.path().join(format!("{}.lp", input.name));
+            std::fs::write(&path, &input.text).expect("write input");
+            path.display().to_string()
+        })
+        .collect();
+    let mut ours = vec![Vec::new(); inputs.len()];
+    let mut theirs = vec![Vec::new(); inputs.len()];
+    let mut scan = Vec::new();
+    let beats = &inputs[0];
+    for _ in 0..rounds {
+        for (i, input) in inputs.iter().enumerate() {
+            let ns = best_of(passes, || ccfleet_read(input.text.as_bytes(), true));
+            ours[i].push(ns as f64 / input.lines as f64);
+        }
+        let ns = best_of(passes, || {
+            let mut accepted = 0usize;
+            wire::scan_heartbeats(beats.text.as_bytes(), |line| {
+                if let wire::HeartbeatLine::Accepted(id) = line {
+                    accepted += id.len();
+                }
+            })
+            .unwrap();
+            accepted
+        });
+        scan.push(ns as f64 / beats.lines as f64);
+        let output = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("{peer} \"$@\""))
+            .arg("peer")
+            .arg(passes.to_string())
+            .args(&files)
+            .output()
+            .expect("run the peer");
+        assert!(output.status.success(), "peer failed: {output:?}");
+        let text = String::from_utf8(output.stdout).expect("peer output");
+        for line in text.lines() {
+            let (file, ns) = line.rsplit_once(' ').expect("<file> <ns>");
+            let i = files
+                .iter()
+                .position(|f| f == file)
+                .expect("a file of ours");
+            let ns: f64 = ns.trim().parse().expect("nanoseconds");
+            theirs[i].push(ns / inputs[i].lines as f64);
+        }
+    }
+    println!(
+        "| input | bytes/line | ccfleet ns/line min / median | peer ns/line min / median | speed-up (medians) | ccfleet MB/s (median) |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for (i, input) in inputs.iter().enumerate() {
+        let per_line = input.text.len() as f64 / input.lines as f64;
+        let (our_min, our_med) = min_and_median(&mut ours[i]);
+        let (their_min, their_med) = min_and_median(&mut theirs[i]);
+        println!(
+            "| {} | {:.0} | {:.1} / {:.1} | {:.1} / {:.1} | {:.2}x | {:.0} |",
+            input.name,
+            per_line,
+            our_min,
+            our_med,
+            their_min,
+            their_med,
+            their_med / our_med,
+            per_line / our_med * 1000.0
+        );
+    }
+    let (scan_min, scan_med) = min_and_median(&mut scan);
+    println!(
+        "\nscan_heartbeats: {scan_min:.1} / {scan_med:.1} ns per heartbeat line (min / median)"
+    );
+}

@@ -31,6 +31,73 @@ const DIVERGENCES: &[(&str, &str, Expected)] = &[
     ),
 ];
 
+/// Inputs on which ccfleet once answered differently from the Go v2 decoder, with the Go
+/// decoder's answer: every point and every error (line:column) in order, which also pins
+/// where decoding resumes after an error. There are no deliberate departures here.
+const GO_ANSWERS: &[(&[u8], &[&str])] = &[
+    // A lone CR after the fields: the line fails, and the CR then starts a bad entry.
+    (b"m f=1\r\r", &["error 1:6", "error 1:1"]),
+    (b"m f=1 x\ry\n", &["error 1:7", "error 1:1"]),
+    // A tab is not allowed in a comment.
+    (b"#\t", &["error 1:1"]),
+    // Nothing inside a string that failed is decoded.
+    (b"m f=\"\nx y=1", &["error 1:5"]),
+    (b"m f=\"\xff\nx y=1\n\"", &["error 1:6"]),
+    (
+        b"m f=\"a\nb\" 1 2\nm g=1",
+        &["error 2:6", "point m g=Float(1.0)"],
+    ),
+    // Invalid UTF-8 is an error of its token, reported where the token starts, and the
+    // line is skipped from the token's end.
+    (
+        b"m\xff f=\"\nx y=1\n\"z",
+        &["error 1:1", "point x y=Float(1.0)", "error 3:3"],
+    ),
+    (b"0 f=\"\n\x80\"", &["error 1:6"]),
+    // Go's float syntax: digit separators, hexadecimal mantissas.
+    (b"m f=1_0", &["point m f=Float(10.0)"]),
+    (b"m f=0x1p-2", &["point m f=Float(0.25)"]),
+    (b"m f=-0x1.8p1", &["point m f=Float(-3.0)"]),
+    (b"m f=1e1_0", &["point m f=Float(10000000000.0)"]),
+    // Columns count from the first byte after leading spaces; a tag key without `=` is
+    // reported where the key starts; a bad value is judged after what follows it is read.
+    (b"  m f=x", &["error 1:5"]),
+    (b"b,t v=1 1", &["error 1:3"]),
+    (
+        b"m f=tru 12x\nm g=1",
+        &["error 1:5", "point m g=Float(1.0)"],
+    ),
+];
+
+/// Every point and error of `input`, in the form of [`GO_ANSWERS`].
+fn answers(input: &[u8]) -> Vec<String> {
+    let options = DecoderOptions {
+        default_time: Some(42),
+        ..DecoderOptions::default()
+    };
+    Decoder::with_options(input, options)
+        .map(|item| match item {
+            Ok(line) => {
+                let point = Point::from_line(&line);
+                let fields: Vec<String> = point
+                    .fields
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v:?}"))
+                    .collect();
+                format!("point {} {}", point.measurement, fields.join(","))
+            }
+            Err(e) => format!("error {}:{}", e.line, e.column),
+        })
+        .collect()
+}
+
+#[test]
+fn inputs_once_decoded_differently_get_the_go_decoders_answers() {
+    for (input, want) in GO_ANSWERS {
+        assert_eq!(answers(input), *want, "{}", input.escape_ascii());
+    }
+}
+
 enum Expected {
     String(&'static str),
     Error,

@@ -165,6 +165,45 @@ async fn infra_scope_and_reregistration() {
     server.shutdown().await.unwrap();
 }
 
+/// A 413 leaves the rest of the body unread, so the connection cannot be reused; without
+/// `Connection: close` a pooling client raced the server's close on its next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_closes_its_connection_and_the_next_request_succeeds() {
+    let server = start(json!({"disable-authentication": true})).await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(1)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let big = format!(
+        r#"{{"cluster":"c","hostname":"h","serviceType":"ccmc","metaData":{{"x":"{}"}}}}"#,
+        "a".repeat(2 << 20)
+    );
+    for _ in 0..5 {
+        let response = client
+            .post(format!("{}/api/fleet/register/cluster/", server.base_url()))
+            .header("content-type", "application/json")
+            .body(big.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 413);
+        assert_eq!(
+            response.headers().get("connection").map(|v| v.as_bytes()),
+            Some(&b"close"[..])
+        );
+        let next = client
+            .get(format!("{}/api/fleet/nothing", server.base_url()))
+            .send()
+            .await
+            .expect("the request after a 413 gets a fresh connection");
+        assert_eq!(next.status(), 404);
+    }
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_requests() {
     let server = start(json!({"disable-authentication": true})).await;

@@ -145,7 +145,7 @@ async fn a_config_edit_reaches_the_plugin_and_metrics_arrive_on_nats() {
                 "path": guests::component("loadavg"),
                 "config": {"cluster": "fritz", "hostname": "node01"},
                 "collect-interval": "200ms",
-                "capabilities": {"wasi": true, "read-dirs": ["/proc"]}
+                "capabilities": {"read-files": ["/proc/loadavg"]}
             }
         ]
     });

@@ -199,3 +199,43 @@ fn output_to_a_closed_pipe_ends_quietly_with_status_zero() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
 }
+
+#[test]
+fn on_a_pipe_a_string_with_bad_utf8_is_judged_once_it_is_whole() {
+    use std::io::{BufRead, BufReader};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ccfleet"))
+        .args(["decode", "--default-time", "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run ccfleet");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    // The string opened on line 2 closes on line 3: everything up to the quote is inside
+    // it, whatever arrives in between.
+    stdin.write_all(b"m v=1 5\nm s=\"\xff\n").unwrap();
+    stdin.flush().unwrap();
+    let first = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    assert!(first.contains("\"time\":5"), "{first}");
+    stdin.write_all(b"x y=1\" 6\nm v=1 7\n").unwrap();
+    drop(stdin);
+    let rest: Vec<serde_json::Value> = rx
+        .iter()
+        .map(|l| serde_json::from_str(&l).unwrap())
+        .collect();
+    assert_eq!(rest.len(), 2, "{rest:?}");
+    assert_eq!(rest[0]["line"], 2);
+    assert_eq!(rest[1]["time"], 7);
+    assert_eq!(child.wait().unwrap().code(), Some(1));
+}

@@ -305,20 +305,61 @@ async fn wasi_is_granted_only_by_configuration() {
     let runtime = runtime(cache.path());
 
     // No grant: the component, which imports WASI, is refused at load.
-    let error = runtime.load(&spec("loadavg")).await.err().expect("refused");
+    let error = runtime
+        .load(&spec("hostile-proc-probe"))
+        .await
+        .err()
+        .expect("refused");
     assert!(
         matches!(&error, HostError::WasiNotGranted { import, .. } if import.starts_with("wasi:")),
         "{error}"
     );
     assert!(error.to_string().contains("grants no WASI"), "{error}");
 
-    // WASI without directories: it runs, but cannot open /proc/loadavg.
+    // WASI with one directory: the plugin reads inside it and nowhere else.
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("inside.txt"), "12345").unwrap();
+    let outside = tempfile::NamedTempFile::new().unwrap();
+    let inside = data.path().join("inside.txt");
+    let mut events = runtime.subscribe();
+    let (sink, _rx) = sink::channel(4);
+    let feeds = FeedSenders::new();
+    let mut granted = spec("hostile-proc-probe");
+    granted.capabilities.wasi = true;
+    granted.capabilities.read_dirs = vec![data.path().to_path_buf()];
+    granted.config = serde_json::json!({"wasi": [inside, outside.path()]});
+    let plugin = runtime.spawn(granted, feeds.subscribe(), sink);
+    let name = plugin.name().to_owned();
+    let read = wait_for(&mut events, &name, "inside", |e| {
+        is_log(e, &format!("probe wasi {}:", inside.display()))
+    })
+    .await;
+    assert!(is_log(&read, "read 5 bytes"), "{read:?}");
+    let refused = wait_for(&mut events, &name, "outside", |e| {
+        is_log(e, &format!("probe wasi {}:", outside.path().display()))
+    })
+    .await;
+    assert!(is_log(&refused, "refused"), "{refused:?}");
+    plugin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_reads_only_the_files_it_is_granted() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
     let mut events = runtime.subscribe();
     let (sink, mut rx) = sink::channel(16);
     let feeds = FeedSenders::new();
+
+    // The collector needs no WASI at all.
+    runtime
+        .load(&spec("loadavg"))
+        .await
+        .expect("loads without WASI");
+
+    // Nothing granted: it runs, but cannot read /proc/loadavg.
     let mut blind = spec("loadavg");
     blind.name = Some("blind".to_owned());
-    blind.capabilities.wasi = true;
     blind.config = serde_json::json!({"hostname": "n1"});
     blind.collect_interval = Some(Duration::from_millis(50));
     let blind = runtime.spawn(blind, feeds.subscribe(), sink.clone());
@@ -335,17 +376,73 @@ async fn wasi_is_granted_only_by_configuration() {
     let EventKind::CallFailed { message, .. } = failed.kind else {
         unreachable!()
     };
-    assert!(message.contains("cannot read /proc/loadavg"), "{message}");
+    assert!(
+        message.contains("cannot read /proc/loadavg: /proc/loadavg is not granted"),
+        "{message}"
+    );
     blind.stop().await;
     assert!(
         rx.try_recv().is_err(),
         "nothing may be emitted without the file"
     );
 
-    // Granting /proc read-only: real load averages in cc-metric-store's shape.
+    // A fixture root: the plugin asks for /proc/loadavg and gets the fixture's.
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("proc/sys/kernel")).unwrap();
+    std::fs::write(
+        root.path().join("proc/loadavg"),
+        "0.50 1.25 2.00 1/100 42\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.path().join("proc/sys/kernel/hostname"),
+        "fixture-host\n",
+    )
+    .unwrap();
+    let mut fixture = spec("loadavg");
+    fixture.name = Some("fixture".to_owned());
+    fixture.capabilities.read_files = vec![
+        "/proc/loadavg".to_owned(),
+        "/proc/sys/kernel/hostname".to_owned(),
+    ];
+    fixture.capabilities.files_root = Some(root.path().to_path_buf());
+    fixture.collect_interval = Some(Duration::from_millis(50));
+    let fixture = runtime.spawn(fixture, feeds.subscribe(), sink.clone());
+    let batch = next_batch(&mut rx).await;
+    assert_eq!(&*batch.plugin, "fixture");
+    let mut seen = Vec::new();
+    for line in Decoder::new(&batch.lines) {
+        let line = line.expect("valid line protocol");
+        let tags: Vec<(String, String)> = line
+            .tags()
+            .map(|(k, v)| (k.raw().to_owned(), v.unescape().into_owned()))
+            .collect();
+        assert_eq!(
+            tags,
+            [("hostname", "fixture-host"), ("type", "node")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        let fields: Vec<_> = line.fields().collect();
+        let LpValue::Float(value) = fields[0].1 else {
+            panic!("a float value")
+        };
+        seen.push((line.measurement().unescape().into_owned(), value));
+    }
+    assert_eq!(
+        seen,
+        [
+            ("load_one", 0.5),
+            ("load_five", 1.25),
+            ("load_fifteen", 2.0)
+        ]
+        .map(|(m, v)| (m.to_owned(), v))
+    );
+    fixture.stop().await;
+    while rx.try_recv().is_ok() {}
+
+    // Granting the real file: real load averages in cc-metric-store's shape.
     let mut granted = spec("loadavg");
-    granted.capabilities.wasi = true;
-    granted.capabilities.read_dirs = vec!["/proc".into()];
+    granted.capabilities.read_files = vec!["/proc/loadavg".to_owned()];
     granted.config = serde_json::json!({"hostname": "n1", "cluster": "fritz"});
     granted.collect_interval = Some(Duration::from_millis(50));
     let granted = runtime.spawn(granted, feeds.subscribe(), sink);
@@ -525,33 +622,264 @@ async fn an_oversized_emit_is_refused_and_nothing_is_sent() {
     assert_eq!(flood.status().borrow().state, PluginState::Running);
     flood.stop().await;
 
-    // Far over the byte limit: lifting the batch alone would exceed what the host allocates
-    // for the plugin, so the call traps and the store is dropped.
+    // Far over the byte limit: copying the batch to the host runs past the batch's budget
+    // long before it is all copied; `emit` fails, the plugin is not trapped.
     let mut huge = spec("hostile-oversized-emit");
     huge.name = Some("huge".to_owned());
     huge.config = serde_json::json!({"points": 64, "text-bytes": 65536});
     huge.limits.max_emit_bytes = 256 << 10;
     huge.limits.restart_budget = 0;
     huge.collect_interval = Some(Duration::from_millis(50));
-    let huge = runtime.spawn(huge, feeds.subscribe(), sink);
-    let crash = wait_for(&mut events, "huge", "trap", |e| {
-        matches!(e.kind, EventKind::Crashed { .. })
+    let huge = runtime.spawn(huge, feeds.subscribe(), sink.clone());
+    let refused = wait_for(&mut events, "huge", "refusal", |e| {
+        matches!(
+            e.kind,
+            EventKind::EmitRefused { .. } | EventKind::Crashed { .. }
+        )
     })
     .await;
-    assert!(
-        matches!(
-            &crash.kind,
-            EventKind::Crashed {
-                failure: Failure::Trap {
-                    call: "collect",
-                    ..
-                }
-            }
-        ),
-        "{crash:?}"
+    assert_eq!(
+        refused.kind,
+        EventKind::EmitRefused {
+            reason: "batch exceeds this plugin's limit of 262144 bytes".to_owned()
+        }
     );
+    assert_eq!(huge.status().borrow().state, PluginState::Running);
     huge.stop().await;
     assert!(rx.try_recv().is_err(), "no batch may reach the sink");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emit_of_any_size_fails_without_trapping_under_default_limits() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let mut events = runtime.subscribe();
+    let (sink, mut rx) = sink::channel(16);
+    let feeds = FeedSenders::new();
+    // 100,000 points (the records alone are more than the default host-call budget) and one
+    // point of 9 MB: both are refused by the size checks, with the plugin running on.
+    for (name, config, reason) in [
+        (
+            "many",
+            serde_json::json!({"points": 100_000}),
+            "batch of 100000 points exceeds this plugin's limit of 10000",
+        ),
+        (
+            "big",
+            serde_json::json!({"points": 1, "text-bytes": 9_000_000}),
+            "batch exceeds this plugin's limit of 4194304 bytes",
+        ),
+    ] {
+        let mut flood = spec("hostile-oversized-emit");
+        flood.name = Some(name.to_owned());
+        flood.config = config;
+        flood.limits.restart_budget = 0;
+        flood.collect_interval = Some(Duration::from_millis(100));
+        let flood = runtime.spawn(flood, feeds.subscribe(), sink.clone());
+        let outcome = wait_for(&mut events, name, "refusal", |e| {
+            matches!(
+                e.kind,
+                EventKind::EmitRefused { .. } | EventKind::Crashed { .. }
+            )
+        })
+        .await;
+        assert_eq!(
+            outcome.kind,
+            EventKind::EmitRefused {
+                reason: reason.to_owned()
+            },
+            "{name}"
+        );
+        wait_for(&mut events, name, "plugin's own error", |e| {
+            matches!(&e.kind, EventKind::CallFailed { call: "collect", message } if message == reason)
+        })
+        .await;
+        assert_eq!(flood.status().borrow().state, PluginState::Running);
+        flood.stop().await;
+    }
+    assert!(rx.try_recv().is_err(), "no batch may reach the sink");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_flood_is_rate_limited_counted_and_capped() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = Runtime::new(RuntimeOptions {
+        cache_dir: Some(cache.path().to_path_buf()),
+        event_capacity: 1 << 16,
+        ..RuntimeOptions::default()
+    })
+    .unwrap();
+    let mut events = runtime.subscribe();
+    let (sink, _rx) = sink::channel(4);
+    let feeds = FeedSenders::new();
+    let mut flood = spec("hostile-log-flood");
+    flood.config =
+        serde_json::json!({"lines": 20_000, "line-bytes": 8192, "error-bytes": 7_000_000});
+    flood.limits.log_lines_per_second = 10;
+    flood.limits.log_burst = 20;
+    // Room for the flood on a loaded machine: the test is about the log, not the deadline.
+    flood.limits.call_timeout = Duration::from_secs(10);
+    flood.collect_interval = Some(Duration::from_millis(200));
+    let plugin = runtime.spawn(flood, feeds.subscribe(), sink);
+    let name = plugin.name().to_owned();
+
+    // One collect: 20,000 lines of 8 KiB and a 7 MB error.
+    let mut logged = 0usize;
+    let mut dropped = 0u64;
+    let error = tokio::time::timeout(WAIT, async {
+        loop {
+            match events.recv().await {
+                Ok(e) if *e.plugin == *name => match e.kind {
+                    EventKind::Log { message, .. } => {
+                        logged += 1;
+                        assert!(
+                            message.len() <= 2048 + 64,
+                            "a log line of {} bytes",
+                            message.len()
+                        );
+                    }
+                    EventKind::LogsDropped { count } => dropped += count,
+                    EventKind::CallFailed { message, .. } => return message,
+                    _ => {}
+                },
+                Ok(_) => {}
+                Err(error) => panic!("{error}"),
+            }
+        }
+    })
+    .await
+    .expect("the collect ends");
+    // The burst got through, the rest was dropped (the count of this collect's drops is
+    // reported at the latest with the next admitted line).
+    // (Refills during a slow collect may let a few more through.)
+    assert!(logged <= 120, "{logged} lines logged");
+    assert!(logged >= 20, "{logged} lines logged");
+    assert!(
+        error.len() <= 1024 + 64,
+        "an error of {} bytes",
+        error.len()
+    );
+    assert!(error.starts_with("flood error eee"), "{error}");
+    let reported = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Ok(e) = events.recv().await
+                && *e.plugin == *name
+                && let EventKind::LogsDropped { count } = e.kind
+            {
+                return count;
+            }
+        }
+    })
+    .await
+    .expect("the drops are reported");
+    assert!(
+        dropped + reported >= 19_000,
+        "{dropped} + {reported} reported dropped"
+    );
+    plugin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roster_that_traps_the_plugin_is_withheld_instead_of_quarantining_it() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let mut events = runtime.subscribe();
+    let (sink, _rx) = sink::channel(4);
+    let feeds = FeedSenders::new();
+    let mut trap = spec("hostile-trap");
+    trap.limits.restart_budget = 1;
+    let plugin = runtime.spawn(trap, feeds.subscribe(), sink);
+    let name = plugin.name().to_owned();
+    wait_for(&mut events, &name, "start", |e| {
+        e.kind == EventKind::Started
+    })
+    .await;
+
+    feeds.set_roster(vec![provider("ccms", "poison")]);
+    // Delivered live, then replayed once after the restart: two instances end on it.
+    for generation in [1, 2] {
+        let crash = wait_for(&mut events, &name, "crash", |e| {
+            matches!(e.kind, EventKind::Crashed { .. })
+        })
+        .await;
+        assert_eq!(crash.generation, generation);
+        assert!(
+            matches!(
+                &crash.kind,
+                EventKind::Crashed {
+                    failure: Failure::Trap {
+                        call: "on-roster",
+                        ..
+                    }
+                }
+            ),
+            "{crash:?}"
+        );
+    }
+    let withheld = wait_for(&mut events, &name, "withheld", |e| {
+        matches!(
+            e.kind,
+            EventKind::SnapshotWithheld { .. } | EventKind::Quarantined { .. }
+        )
+    })
+    .await;
+    assert_eq!(
+        withheld.kind,
+        EventKind::SnapshotWithheld { call: "on-roster" }
+    );
+    wait_for(&mut events, &name, "third start", |e| {
+        e.generation == 3 && e.kind == EventKind::Started
+    })
+    .await;
+    assert_eq!(plugin.status().borrow().state, PluginState::Running);
+
+    // The next roster is delivered as usual.
+    feeds.set_roster(vec![provider("ccms", "m1"), provider("ccms", "m2")]);
+    wait_for(&mut events, &name, "new roster", |e| {
+        e.generation == 3 && is_log(e, "roster: 2 providers")
+    })
+    .await;
+    plugin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_quarantined_by_a_roster_is_revived_by_the_next_roster() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let mut events = runtime.subscribe();
+    let (sink, _rx) = sink::channel(4);
+    let feeds = FeedSenders::new();
+    let mut trap = spec("hostile-trap");
+    trap.limits.restart_budget = 0;
+    let plugin = runtime.spawn(trap, feeds.subscribe(), sink);
+    let name = plugin.name().to_owned();
+    wait_for(&mut events, &name, "start", |e| {
+        e.kind == EventKind::Started
+    })
+    .await;
+
+    feeds.set_roster(vec![provider("ccms", "poison")]);
+    wait_for(&mut events, &name, "quarantine", |e| {
+        matches!(e.kind, EventKind::Quarantined { .. })
+    })
+    .await;
+    assert_eq!(plugin.status().borrow().state, PluginState::Quarantined);
+
+    // A new roster gives it another try, and it serves that roster.
+    feeds.set_roster(vec![provider("ccms", "m1")]);
+    wait_for(&mut events, &name, "new roster", |e| {
+        e.generation == 2 && is_log(e, "roster: 1 providers")
+    })
+    .await;
+    assert_eq!(plugin.status().borrow().state, PluginState::Running);
+
+    // Another poisoned roster: quarantined again (no budget), without a restart loop.
+    feeds.set_roster(vec![provider("ccb", "poison")]);
+    wait_for(&mut events, &name, "second quarantine", |e| {
+        e.generation == 2 && matches!(e.kind, EventKind::Quarantined { .. })
+    })
+    .await;
+    plugin.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -202,6 +202,8 @@ struct Inner {
     configs: Slot<Update>,
     rosters: Arc<Slot<Vec<Provider>>>,
     roster_gate: Arc<rosters::RosterGate>,
+    /// Operations of the run loop failing now (kept by its warn-once reporter).
+    failing_ops: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A fleet member. Cheap to clone; all clones share one registration.
@@ -275,6 +277,7 @@ impl Client {
                 configs: Slot::new(),
                 rosters: Arc::new(Slot::new()),
                 roster_gate,
+                failing_ops: Arc::default(),
             }),
         })
     }
@@ -315,6 +318,14 @@ impl Client {
     /// `roster-public-key`, signed by the fleet server) are delivered.
     pub fn rosters(&self) -> Latest<Vec<Provider>> {
         self.inner.rosters.subscribe()
+    }
+
+    /// How many of the run loop's operations (register, heartbeat, config, subscribe) fail
+    /// now: 0 while cc-backend (and the roster subscription) answer.
+    pub fn failing_operations(&self) -> usize {
+        self.inner
+            .failing_ops
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many rosters were accepted and rejected, by reason.

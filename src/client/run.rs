@@ -7,6 +7,7 @@
 //! info level.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -131,7 +132,10 @@ impl Client {
         }
         let mut runner = Runner {
             inner: self.inner.clone(),
-            reporter: Reporter::default(),
+            reporter: Reporter {
+                failing: Vec::new(),
+                shared: self.inner.failing_ops.clone(),
+            },
             subscription: None,
         };
         let mut lifecycle = self.inner.lifecycle.subscribe();
@@ -349,6 +353,8 @@ async fn deliver_rosters(
 #[derive(Debug, Default)]
 struct Reporter {
     failing: Vec<&'static str>,
+    /// How many operations fail now, for [`Client::failing_operations`].
+    shared: Arc<AtomicUsize>,
 }
 
 impl Reporter {
@@ -366,6 +372,7 @@ impl Reporter {
             tracing::debug!(op, error, "fleet: still failing");
         } else {
             self.failing.push(op);
+            self.shared.store(self.failing.len(), Ordering::Relaxed);
             tracing::warn!(op, error, "fleet: operation failed");
         }
     }
@@ -373,6 +380,7 @@ impl Reporter {
     fn recovered(&mut self, op: &'static str) {
         if let Some(i) = self.failing.iter().position(|o| *o == op) {
             self.failing.swap_remove(i);
+            self.shared.store(self.failing.len(), Ordering::Relaxed);
             tracing::info!(op, "fleet: {op} succeeded again");
         }
     }
@@ -424,12 +432,19 @@ mod tests {
     fn reporter_warns_once_and_recovers() {
         let mut r = Reporter::default();
         let fail = Err(Error::Closed);
+        let shared = r.shared.clone();
+        let count = || shared.load(Ordering::Relaxed);
         r.report(Op::Heartbeat, &fail);
         assert!(r.is_failing("heartbeat"));
+        assert_eq!(count(), 1);
         r.report(Op::Heartbeat, &fail);
         r.report(Op::Config, &Err(Error::NotRegistered));
         assert!(!r.is_failing("config"));
+        r.report(Op::Register, &fail);
+        assert_eq!(count(), 2, "one per failing operation, not per failure");
         r.report(Op::Heartbeat, &Ok(()));
+        r.report(Op::Register, &Ok(()));
         assert!(!r.is_failing("heartbeat"));
+        assert_eq!(count(), 0);
     }
 }

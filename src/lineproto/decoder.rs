@@ -33,7 +33,9 @@ impl Default for DecoderOptions {
 /// Decodes line protocol from a byte buffer, one [`Line`] (or error) per point.
 ///
 /// A bad line yields a [`DecodeError`] with its line and column, and the iterator goes on
-/// with the following line. Blank lines and `#` comments are skipped.
+/// with the following line (a string field can span lines: after an error the decoder skips
+/// to the end of the line it had read to, as the Go decoder does). Blank lines and `#`
+/// comments are skipped.
 #[derive(Debug, Clone)]
 pub struct Decoder<'a> {
     buf: &'a [u8],
@@ -68,7 +70,60 @@ struct StringSpan {
     escaped: bool,
 }
 
-type Failure = (usize, DecodeErrorKind);
+/// Why a line failed, and where decoding picks up again: the Go decoder reports the first
+/// error of a line and then skips from wherever its reading had got to (which may be past
+/// the error, e.g. after a whole string token) to the end of that line.
+#[derive(Debug, Clone)]
+struct Failure {
+    /// Where the error is reported.
+    at: usize,
+    kind: DecodeErrorKind,
+    /// How far the line had been read.
+    resume: usize,
+    /// Whether the rest of the line from `resume` is skipped (`false` when the line end
+    /// was already read).
+    skip_line: bool,
+}
+
+impl Failure {
+    /// An error at `at`, with the line read up to `resume`.
+    #[inline]
+    fn new(at: usize, kind: DecodeErrorKind, resume: usize) -> Self {
+        Failure {
+            at,
+            kind,
+            resume,
+            skip_line: true,
+        }
+    }
+
+    /// An error reported after the end of its line was read.
+    #[inline]
+    fn after_line(at: usize, kind: DecodeErrorKind, resume: usize) -> Self {
+        Failure {
+            at,
+            kind,
+            resume,
+            skip_line: false,
+        }
+    }
+}
+
+/// What a byte that cannot continue a token is called in an error.
+#[inline]
+fn odd_byte(b: u8, otherwise: DecodeErrorKind) -> DecodeErrorKind {
+    match b {
+        b'\n' | b'\r' => otherwise,
+        b if is_non_printable(b) => DecodeErrorKind::NonPrintable(b),
+        _ => otherwise,
+    }
+}
+
+/// Space, CR and LF: what may follow a field value.
+#[inline]
+fn is_whitespace(b: u8) -> bool {
+    matches!(b, b' ' | b'\r' | b'\n')
+}
 
 impl<'a> Decoder<'a> {
     /// A decoder over `buf` with nanosecond timestamps, no default time and the default
@@ -108,46 +163,44 @@ impl<'a> Decoder<'a> {
         decoder
     }
 
-    /// Skips the rest of the current line after an error at `at`, and builds the error.
+    /// Builds the error for a line that starts at `start` (columns count from there) and
+    /// moves on to where decoding resumes.
     #[cold]
-    fn fail(&mut self, line_start: usize, (at, kind): Failure) -> DecodeError {
-        let at = at.min(self.buf.len());
-        let before = &self.buf[line_start..at];
-        let newlines = memchr::memchr_iter(b'\n', before).count();
-        let column_base = memchr::memrchr(b'\n', before).map_or(line_start, |i| line_start + i + 1);
+    fn fail(&mut self, start: usize, failure: Failure) -> DecodeError {
+        let buf = self.buf;
+        let at = failure.at.min(buf.len());
+        let before = &buf[start..at];
+        let column_base = memchr::memrchr(b'\n', before).map_or(start, |i| start + i + 1);
         let error = DecodeError {
-            line: self.line_no + newlines,
+            line: self.line_no + memchr::memchr_iter(b'\n', before).count(),
             column: at - column_base + 1,
-            kind,
+            kind: failure.kind,
         };
-        match memchr::memchr(b'\n', &self.buf[at..]) {
-            Some(offset) => {
-                self.pos = at + offset + 1;
-                self.line_no = error.line + 1;
-            }
-            None => {
-                self.pos = self.buf.len();
-                self.line_no = error.line;
-            }
-        }
+        let resume = failure.resume.clamp(at, buf.len());
+        let next = if failure.skip_line {
+            memchr::memchr(b'\n', &buf[resume..]).map_or(buf.len(), |i| resume + i + 1)
+        } else {
+            resume
+        };
+        self.line_no += memchr::memchr_iter(b'\n', &buf[start..next]).count();
+        self.pos = next;
         error
     }
 
-    /// Where a line that ends at `i` continues, or why it cannot end there.
+    /// Where the line continues if a line ending (or the end of the input) is at `i`.
     #[inline]
-    fn end_of_line(&self, i: usize) -> Result<usize, Failure> {
+    fn line_end(&self, i: usize) -> Option<usize> {
         let buf = self.buf;
         match buf.get(i) {
-            None => Ok(i),
-            Some(b'\n') => Ok(i + 1),
+            None => Some(i),
+            Some(b'\n') => Some(i + 1),
             Some(b'\r') => match buf.get(i + 1) {
-                // A trailing CR at the very end of the input is allowed by the grammar.
-                None => Ok(i + 1),
-                Some(b'\n') => Ok(i + 2),
-                Some(_) => Err((i, DecodeErrorKind::UnexpectedCharacter(b'\r'))),
+                // A trailing CR at the very end of the input ends the line too.
+                None => Some(i + 1),
+                Some(b'\n') => Some(i + 2),
+                Some(_) => None,
             },
-            Some(&b) if is_non_printable(b) => Err((i, DecodeErrorKind::NonPrintable(b))),
-            Some(&b) => Err((i, DecodeErrorKind::UnexpectedCharacter(b))),
+            Some(_) => None,
         }
     }
 
@@ -159,147 +212,254 @@ impl<'a> Decoder<'a> {
         i
     }
 
-    /// Scans a comment starting at the `#` at `i`; returns where the next line starts.
+    /// Scans a comment starting at the `#` at `i`; returns where the next line starts. Only
+    /// printable bytes may follow the `#` (a tab may not).
     fn comment(&self, i: usize) -> Result<usize, Failure> {
         let buf = self.buf;
-        let (end, next) = match memchr::memchr(b'\n', &buf[i..]) {
-            Some(offset) => (i + offset, i + offset + 1),
-            None => (buf.len(), buf.len()),
-        };
-        let body_end = if end > i && buf[end - 1] == b'\r' {
-            end - 1
-        } else {
-            end
-        };
-        if let Some(bad) = buf[i..body_end]
-            .iter()
-            .position(|&b| is_non_printable(b) && b != b'\t')
-        {
-            return Err((i + bad, DecodeErrorKind::NonPrintable(buf[i + bad])));
+        let mut end = i + 1;
+        while end < buf.len() && !is_non_printable(buf[end]) {
+            end += 1;
         }
-        Ok(next)
+        self.line_end(end)
+            .ok_or_else(|| Failure::new(i, DecodeErrorKind::InvalidComment, i))
     }
 
-    /// Parses the point starting at `i` (after leading spaces); returns it and where the
-    /// next line starts.
+    /// Validates the UTF-8 of a token that contains a byte above 0x7f.
+    #[cold]
+    fn check_utf8(&self, start: usize, end: usize) -> Result<(), Failure> {
+        std::str::from_utf8(&self.buf[start..end])
+            .map(|_| ())
+            .map_err(|_| Failure::new(start, DecodeErrorKind::InvalidUtf8, end))
+    }
+
+    /// Parses the point starting at `start` (after leading spaces) section by section, in
+    /// the order and with the recovery of the Go decoder; returns it, where the next line
+    /// starts and how many newlines its string fields held.
     #[inline]
-    fn point(&self, line_start: usize, mut i: usize) -> Result<(Line<'a>, usize, usize), Failure> {
+    fn point(&self, line_start: usize, start: usize) -> Result<(Line<'a>, usize, usize), Failure> {
         let buf = self.buf;
-        let m_start = i;
-        let (m_end, m_escaped) = scan_token(buf, i, &MEASUREMENT_STOP)?;
-        if m_end == m_start {
-            return Err((i, DecodeErrorKind::EmptyMeasurement));
+        let mut i = start;
+
+        // Measurement.
+        let (m_end, m_escaped, m_high) = scan_token(buf, i, &MEASUREMENT_STOP, b" ,");
+        if m_high {
+            self.check_utf8(start, m_end)?;
+        }
+        if m_end == start {
+            let kind = match buf.get(start) {
+                None => DecodeErrorKind::EmptyMeasurement,
+                Some(&b) => odd_byte(b, DecodeErrorKind::UnexpectedCharacter(b)),
+            };
+            return Err(Failure::new(start, kind, start));
         }
         i = m_end;
-
         let tags_start = i;
-        while buf.get(i) == Some(&b',') {
+        i = self.tag_comma(i)?;
+
+        // Tags, until a space starts the fields.
+        loop {
+            if buf.get(i) == Some(&b' ') {
+                break;
+            }
+            let k_start = i;
+            let (k_end, _, k_high) = scan_token(buf, i, &KEY_STOP, b",= ");
+            if k_high {
+                self.check_utf8(k_start, k_end)?;
+            }
+            i = k_end;
+            match buf.get(i) {
+                Some(b'=') if k_end > k_start => {}
+                next => {
+                    let kind = match (k_end > k_start, next) {
+                        (false, None) => DecodeErrorKind::NoFields,
+                        (true, _) => DecodeErrorKind::ExpectedTagEquals,
+                        (false, Some(b'=')) => DecodeErrorKind::EmptyTagKey,
+                        (false, Some(&b)) => odd_byte(b, DecodeErrorKind::NoFields),
+                    };
+                    return Err(Failure::new(k_start, kind, i));
+                }
+            }
             i += 1;
-            let k_end = scan_token(buf, i, &KEY_STOP)?.0;
-            if k_end == i {
-                return Err((i, DecodeErrorKind::EmptyTagKey));
-            }
-            if buf.get(k_end) != Some(&b'=') {
-                return Err(self.unexpected(k_end, DecodeErrorKind::ExpectedTagEquals));
-            }
-            i = k_end + 1;
-            let v_end = scan_token(buf, i, &KEY_STOP)?.0;
-            if v_end == i {
-                return Err(self.unexpected(i, DecodeErrorKind::EmptyTagValue));
+            let v_start = i;
+            let (v_end, _, v_high) = scan_token(buf, i, &KEY_STOP, b",= ");
+            if v_high {
+                self.check_utf8(v_start, v_end)?;
             }
             i = v_end;
+            if v_end == v_start {
+                return Err(Failure::new(v_start, DecodeErrorKind::EmptyTagValue, i));
+            }
+            if i >= buf.len() {
+                break;
+            }
+            i = self.tag_comma(i)?;
         }
         let tags_end = i;
-
-        if buf.get(i) != Some(&b' ') {
-            return Err(self.unexpected(i, DecodeErrorKind::NoFields));
-        }
         i = self.skip_spaces(i);
+
+        // Fields, then the timestamp or the line end.
         let fields_start = i;
         let mut newlines = 0;
         let mut first_string = StringSpan::default();
+        let mut time_start = None;
+        let fields_end;
+        let mut next = 0;
         loop {
-            let k_end = scan_token(buf, i, &KEY_STOP)?.0;
-            if k_end == i {
-                return Err(self.unexpected(i, DecodeErrorKind::EmptyFieldKey));
+            let k_start = i;
+            let (k_end, _, k_high) = scan_token(buf, i, &KEY_STOP, b",= ");
+            if k_high {
+                self.check_utf8(k_start, k_end)?;
             }
-            if buf.get(k_end) != Some(&b'=') {
-                return Err(self.unexpected(k_end, DecodeErrorKind::ExpectedFieldEquals));
+            i = k_end;
+            if k_end == k_start {
+                let kind = match buf.get(i) {
+                    Some(&b) => odd_byte(b, DecodeErrorKind::EmptyFieldKey),
+                    None => DecodeErrorKind::EmptyFieldKey,
+                };
+                return Err(Failure::new(k_start, kind, i));
             }
-            i = k_end + 1;
-            if buf.get(i) == Some(&b'"') {
-                let (end, escaped, lines) = scan_string(buf, i + 1)?;
-                if first_string.open == 0 {
-                    first_string = StringSpan {
-                        open: i - fields_start,
-                        close: end - fields_start,
-                        escaped,
-                    };
+            match buf.get(i) {
+                Some(b'=') => i += 1,
+                Some(&b) => {
+                    let kind = odd_byte(b, DecodeErrorKind::ExpectedFieldEquals);
+                    return Err(Failure::new(i, kind, i));
                 }
-                newlines += lines;
-                i = end + 1;
-            } else {
-                let v_start = i;
-                while i < buf.len() && !FIELD_VALUE_STOP[buf[i] as usize] {
+                None => return Err(Failure::new(i, DecodeErrorKind::ExpectedFieldEquals, i)),
+            }
+            let v_start = i;
+            let value_ok = match buf.get(i) {
+                None => return Err(Failure::new(i, DecodeErrorKind::EmptyFieldValue, i)),
+                Some(b'"') => {
+                    let body = i + 1;
+                    let (end, escaped, lines) = scan_string(buf, body);
+                    if !buf[body..end].is_ascii() {
+                        self.check_utf8(body, end)?;
+                    }
+                    if end >= buf.len() {
+                        return Err(Failure::new(i, DecodeErrorKind::UnterminatedString, end));
+                    }
+                    if first_string.open == 0 {
+                        first_string = StringSpan {
+                            open: i - fields_start,
+                            close: end - fields_start,
+                            escaped,
+                        };
+                    }
+                    newlines += lines;
+                    i = end + 1;
+                    Ok(())
+                }
+                Some(b't' | b'T' | b'f' | b'F' | b'-' | b'.' | b'0'..=b'9') => {
+                    while i < buf.len() && !FIELD_VALUE_STOP[buf[i] as usize] {
+                        i += 1;
+                    }
+                    value::parse_unquoted(&buf[v_start..i]).map(|_| ())
+                }
+                Some(b' ' | b',') => {
+                    return Err(Failure::new(i, DecodeErrorKind::EmptyFieldValue, i));
+                }
+                Some(_) => {
+                    while i < buf.len() && !FIELD_VALUE_STOP[buf[i] as usize] {
+                        i += 1;
+                    }
+                    return Err(Failure::new(v_start, DecodeErrorKind::InvalidFieldValue, i));
+                }
+            };
+            // What follows the value is read before the value is judged.
+            match buf.get(i) {
+                None => {
+                    value_ok.map_err(|kind| Failure::after_line(v_start, kind, i))?;
+                    fields_end = i;
+                    next = i;
+                    break;
+                }
+                Some(b',') => {
                     i += 1;
+                    value_ok.map_err(|kind| Failure::new(v_start, kind, i))?;
                 }
-                if i == v_start {
-                    return Err(self.unexpected(i, DecodeErrorKind::EmptyFieldValue));
+                Some(&b) if is_whitespace(b) => {
+                    fields_end = i;
+                    i = self.skip_spaces(i);
+                    if let Some(end) = self.line_end(i) {
+                        value_ok.map_err(|kind| Failure::after_line(v_start, kind, end))?;
+                        next = end;
+                    } else {
+                        value_ok.map_err(|kind| Failure::new(v_start, kind, i))?;
+                        time_start = Some(i);
+                    }
+                    break;
                 }
-                value::parse_unquoted(&buf[v_start..i]).map_err(|kind| (v_start, kind))?;
-            }
-            if buf.get(i) == Some(&b',') {
-                i += 1;
-            } else {
-                break;
+                Some(&b) => {
+                    let kind = odd_byte(b, DecodeErrorKind::UnexpectedCharacter(b));
+                    return Err(Failure::new(i, kind, i));
+                }
             }
         }
-        let fields_end = i;
+        let mut content_end = fields_end;
 
         let mut time = None;
-        if buf.get(i) == Some(&b' ') {
-            i = self.skip_spaces(i);
-            let t_start = i;
+        if let Some(t_start) = time_start {
+            i = t_start;
             while i < buf.len() && (buf[i].is_ascii_digit() || buf[i] == b'-') {
                 i += 1;
             }
-            if i > t_start {
-                let raw = value::parse_int(&buf[t_start..i]).map_err(|kind| {
+            let t_end = i;
+            // Without digits the line is as good as read: an error does not skip on.
+            let failure = if t_end == t_start {
+                Failure::after_line
+            } else {
+                Failure::new
+            };
+            match buf.get(i) {
+                None => next = i,
+                Some(&b) if !is_whitespace(b) => {
+                    let eol = i + memchr::memchr2(b'\r', b'\n', &buf[i..]).unwrap_or(buf.len() - i);
+                    return Err(failure(t_start, DecodeErrorKind::InvalidTimestamp, eol));
+                }
+                Some(_) => {
+                    i = self.skip_spaces(i);
+                    match self.line_end(i) {
+                        Some(end) => next = end,
+                        None => {
+                            let b = buf[i];
+                            let eol = i + memchr::memchr2(b'\r', b'\n', &buf[i..])
+                                .unwrap_or(buf.len() - i);
+                            let kind = odd_byte(b, DecodeErrorKind::UnexpectedCharacter(b));
+                            return Err(failure(i, kind, eol));
+                        }
+                    }
+                }
+            }
+            if t_end > t_start {
+                let raw = value::parse_int(&buf[t_start..t_end]).map_err(|kind| {
                     let kind = match kind {
                         DecodeErrorKind::OutOfRange => DecodeErrorKind::TimestampOutOfRange,
                         _ => DecodeErrorKind::InvalidTimestamp,
                     };
-                    (t_start, kind)
+                    Failure::after_line(t_start, kind, next)
                 })?;
-                let nanos = self
-                    .precision
-                    .to_nanos(raw)
-                    .ok_or((t_start, DecodeErrorKind::TimestampOutOfRange))?;
+                let nanos = self.precision.to_nanos(raw).ok_or(Failure::after_line(
+                    t_start,
+                    DecodeErrorKind::TimestampOutOfRange,
+                    next,
+                ))?;
                 time = Some(nanos);
-                i = self.skip_spaces(i);
-            } else if !matches!(buf.get(i), None | Some(b'\n' | b'\r')) {
-                return Err(self.unexpected(i, DecodeErrorKind::InvalidTimestamp));
+                content_end = t_end;
             }
         }
-        let next = self.end_of_line(i)?;
-        let raw = &buf[line_start..i];
-        if !raw.is_ascii()
-            && let Err(e) = std::str::from_utf8(raw)
-        {
-            return Err((line_start + e.valid_up_to(), DecodeErrorKind::InvalidUtf8));
-        }
-        if i - line_start > self.max_line_len {
-            return Err((
+        if content_end - line_start > self.max_line_len {
+            return Err(Failure::after_line(
                 line_start + self.max_line_len,
                 DecodeErrorKind::LineTooLong {
                     limit: self.max_line_len,
                 },
+                next,
             ));
         }
         let line = Line {
-            raw,
+            raw: &buf[line_start..content_end],
             measurement: Token::new(
-                as_str(&buf[m_start..m_end]),
+                as_str(&buf[start..m_end]),
                 m_escaped,
                 TokenKind::Measurement,
             ),
@@ -313,19 +473,15 @@ impl<'a> Decoder<'a> {
         Ok((line, next, newlines))
     }
 
-    /// The error for a token that stops at `i` with something other than what the grammar
-    /// wants: a control character or odd byte is named as such, the end of the line as
-    /// `at_end`.
+    /// After a measurement or tag value: a comma must be followed by a tag key.
     #[inline]
-    fn unexpected(&self, i: usize, at_end: DecodeErrorKind) -> Failure {
-        match self.buf.get(i) {
-            None | Some(b'\n') => (i, at_end),
-            Some(b'\r') if matches!(self.buf.get(i + 1), None | Some(b'\n')) => (i, at_end),
-            Some(&b) if is_non_printable(b) => (i, DecodeErrorKind::NonPrintable(b)),
-            Some(&b) if matches!(at_end, DecodeErrorKind::NoFields) => {
-                (i, DecodeErrorKind::UnexpectedCharacter(b))
-            }
-            Some(_) => (i, at_end),
+    fn tag_comma(&self, i: usize) -> Result<usize, Failure> {
+        if self.buf.get(i) != Some(&b',') {
+            return Ok(i);
+        }
+        match self.buf.get(i + 1) {
+            Some(&b) if !is_whitespace(b) => Ok(i + 1),
+            _ => Err(Failure::new(i + 1, DecodeErrorKind::EmptyTagKey, i + 1)),
         }
     }
 }
@@ -346,19 +502,30 @@ impl<'a> Iterator for Decoder<'a> {
                     self.pos = buf.len();
                     return None;
                 }
-                Some(b'\n' | b'\r') => match self.end_of_line(i) {
-                    Ok(next) => {
+                Some(b'\n' | b'\r') => match self.line_end(i) {
+                    Some(next) => {
                         self.pos = next;
                         self.line_no += 1;
                     }
-                    Err(failure) => return Some(Err(self.fail(line_start, failure))),
+                    None => {
+                        let failure =
+                            Failure::new(i, DecodeErrorKind::UnexpectedCharacter(b'\r'), i);
+                        return Some(Err(self.fail(i, failure)));
+                    }
                 },
                 Some(b'#') => match self.comment(i) {
                     Ok(next) => {
                         self.pos = next;
                         self.line_no += 1;
                     }
-                    Err(failure) => return Some(Err(self.fail(line_start, failure))),
+                    // The Go decoder reads such a line again from its start.
+                    Err(failure) => {
+                        let failure = Failure {
+                            at: line_start,
+                            ..failure
+                        };
+                        return Some(Err(self.fail(line_start, failure)));
+                    }
                 },
                 Some(_) => {
                     return Some(match self.point(line_start, i) {
@@ -367,7 +534,7 @@ impl<'a> Iterator for Decoder<'a> {
                             self.line_no += 1 + newlines;
                             Ok(line)
                         }
-                        Err(failure) => Err(self.fail(line_start, failure)),
+                        Err(failure) => Err(self.fail(i, failure)),
                     });
                 }
             }
@@ -375,40 +542,45 @@ impl<'a> Iterator for Decoder<'a> {
     }
 }
 
-/// Scans a measurement or key token from `i` up to the first stop byte that is not part of
-/// an escape sequence; returns its end and whether it contained a backslash.
+/// Scans a measurement or key token from `i` as the Go decoder does: up to the first stop
+/// byte, where a backslash followed by one of `escapes` takes that byte into the token and
+/// any other backslash is a literal one. Returns the end, whether the token holds a
+/// backslash, and whether it holds a byte above 0x7f (its UTF-8 must then be checked).
 #[inline]
-fn scan_token(buf: &[u8], mut i: usize, stop: &[bool; 256]) -> Result<(usize, bool), Failure> {
+fn scan_token(buf: &[u8], mut i: usize, stop: &[bool; 256], escapes: &[u8]) -> (usize, bool, bool) {
     let mut escaped = false;
+    let mut high = false;
     loop {
         while i < buf.len() && !stop[buf[i] as usize] {
             i += 1;
         }
-        if buf.get(i) != Some(&b'\\') {
-            return Ok((i, escaped));
-        }
-        // `\` {`\`} followed by any printable byte that is not a backslash.
-        escaped = true;
-        let mut j = i + 1;
-        while buf.get(j) == Some(&b'\\') {
-            j += 1;
-        }
-        match buf.get(j) {
-            Some(&b) if !is_non_printable(b) => i = j + 1,
-            _ => return Err((j, DecodeErrorKind::InvalidEscape)),
+        match buf.get(i) {
+            Some(b'\\') => {
+                escaped = true;
+                match buf.get(i + 1) {
+                    Some(next) if escapes.contains(next) => i += 2,
+                    Some(_) => i += 1,
+                    None => return (buf.len(), escaped, high),
+                }
+            }
+            Some(&b) if b >= 0x80 => {
+                high = true;
+                i += 1;
+            }
+            _ => return (i, escaped, high),
         }
     }
 }
 
 /// Scans a string field body starting after its opening quote; returns the index of the
-/// closing quote, whether it contained a backslash, and how many raw newlines it holds.
+/// closing quote (the end of the input when there is none), whether it contained a
+/// backslash, and how many raw newlines it holds.
 ///
 /// JSON payloads put a special byte (`\"`) every few bytes, so the scan handles every
 /// special of an 8-byte word from one load; after a few words without any it lets
 /// `memchr` jump ahead (plain text, long strings).
 #[inline]
-fn scan_string(buf: &[u8], start: usize) -> Result<(usize, bool, usize), Failure> {
-    let unterminated = || (start - 1, DecodeErrorKind::UnterminatedString);
+fn scan_string(buf: &[u8], start: usize) -> (usize, bool, usize) {
     let mut i = start;
     let mut escaped = false;
     let mut newlines = 0;
@@ -422,18 +594,21 @@ fn scan_string(buf: &[u8], start: usize) -> Result<(usize, bool, usize), Failure
             tail[..buf.len() - i].copy_from_slice(&buf[i..]);
             u64::from_le_bytes(tail)
         } else {
-            return Err(unterminated());
+            return (buf.len(), escaped, newlines);
         };
         let mut mask = scan::string_specials(word);
         if mask == 0 {
             if i + 8 >= buf.len() {
                 // That was the last (possibly zero-padded) word: no closing quote.
-                return Err(unterminated());
+                return (buf.len(), escaped, newlines);
             }
             quiet_words += 1;
             if quiet_words >= 4 {
                 quiet_words = 0;
-                i = scan::find3(buf, i + 8, b'"', b'\\', b'\n').ok_or_else(unterminated)?;
+                match scan::find3(buf, i + 8, b'"', b'\\', b'\n') {
+                    Some(at) => i = at,
+                    None => return (buf.len(), escaped, newlines),
+                }
             } else {
                 i += 8;
             }
@@ -446,11 +621,11 @@ fn scan_string(buf: &[u8], start: usize) -> Result<(usize, bool, usize), Failure
             mask &= mask - 1;
             let at = i + pos;
             match buf[at] {
-                b'"' => return Ok((at, escaped, newlines)),
+                b'"' => return (at, escaped, newlines),
                 b'\\' => {
                     escaped = true;
                     match buf.get(at + 1) {
-                        None => return Err(unterminated()),
+                        None => return (buf.len(), escaped, newlines),
                         Some(b'\n') => newlines += 1,
                         Some(_) => {}
                     }
@@ -556,8 +731,8 @@ impl<'a> Iterator for Tags<'a> {
     fn next(&mut self) -> Option<Self::Item> {
         // The section was validated by the decoder: `(,key=value)*`.
         let rest = self.rest.strip_prefix(b",")?;
-        let (k_end, k_escaped) = scan_token(rest, 0, &KEY_STOP).ok()?;
-        let (v_end, v_escaped) = scan_token(rest, k_end + 1, &KEY_STOP).ok()?;
+        let (k_end, k_escaped, _) = scan_token(rest, 0, &KEY_STOP, b",= ");
+        let (v_end, v_escaped, _) = scan_token(rest, k_end + 1, &KEY_STOP, b",= ");
         let key = Token::new(as_str(&rest[..k_end]), k_escaped, TokenKind::Key);
         let value = Token::new(as_str(&rest[k_end + 1..v_end]), v_escaped, TokenKind::Key);
         self.rest = &rest[v_end..];
@@ -583,7 +758,7 @@ impl<'a> Iterator for Fields<'a> {
             return None;
         }
         let rest = self.rest;
-        let (k_end, k_escaped) = scan_token(rest, 0, &KEY_STOP).ok()?;
+        let (k_end, k_escaped, _) = scan_token(rest, 0, &KEY_STOP, b",= ");
         let key = Token::new(as_str(&rest[..k_end]), k_escaped, TokenKind::Key);
         let v_start = k_end + 1;
         let (value, end) = if rest.get(v_start) == Some(&b'"') {
@@ -591,7 +766,7 @@ impl<'a> Iterator for Fields<'a> {
             let (close, escaped) = if known.open != 0 && known.open == self.offset + v_start {
                 (known.close - self.offset, known.escaped)
             } else {
-                let (close, escaped, _) = scan_string(rest, v_start + 1).ok()?;
+                let (close, escaped, _) = scan_string(rest, v_start + 1);
                 (close, escaped)
             };
             let text = as_str(&rest[v_start + 1..close]);
@@ -669,7 +844,7 @@ mod tests {
                         buf.extend(std::iter::repeat_n(b'a', at));
                         buf.extend_from_slice(special);
                         buf.extend(std::iter::repeat_n(b'a', n - at));
-                        let got = scan_string(&buf, start).ok();
+                        let got = Some(scan_string(&buf, start)).filter(|s| s.0 < buf.len());
                         assert_eq!(got, reference(&buf, start), "{:?}", buf.escape_ascii());
                     }
                 }
@@ -698,7 +873,7 @@ mod tests {
                 seed ^= seed << 17;
                 buf.extend_from_slice(pieces[(seed % pieces.len() as u64) as usize]);
             }
-            let got = scan_string(&buf, 1).ok();
+            let got = Some(scan_string(&buf, 1)).filter(|s| s.0 < buf.len());
             assert_eq!(
                 got,
                 reference(&buf, 1),

@@ -26,8 +26,8 @@ pub enum DecodeErrorKind {
     OutOfRange,
     /// A string field lacks its closing quote.
     UnterminatedString,
-    /// A backslash ends a token, or is followed by a control character.
-    InvalidEscape,
+    /// A comment line holds a control character (a tab included).
+    InvalidComment,
     /// A control character (0x00-0x1f, 0x7f) outside a string field.
     NonPrintable(u8),
     /// Bytes that are not valid UTF-8.
@@ -70,7 +70,7 @@ impl fmt::Display for DecodeErrorKind {
             DecodeErrorKind::InvalidFieldValue => f.write_str("invalid field value"),
             DecodeErrorKind::OutOfRange => f.write_str("field value out of range"),
             DecodeErrorKind::UnterminatedString => f.write_str("unterminated string field"),
-            DecodeErrorKind::InvalidEscape => f.write_str("backslash not followed by a character"),
+            DecodeErrorKind::InvalidComment => f.write_str("invalid character in comment line"),
             DecodeErrorKind::NonPrintable(b) => write!(f, "non-printable character 0x{b:02x}"),
             DecodeErrorKind::InvalidUtf8 => f.write_str("invalid UTF-8"),
             DecodeErrorKind::InvalidTimestamp => f.write_str("invalid timestamp"),

@@ -3,9 +3,11 @@
 //! The semantics are those of the Go reference decoder
 //! (`github.com/influxdata/line-protocol/v2/lineprotocol`, which ClusterCockpit's
 //! `cc-line-protocol` forks): escape sets per token kind, float / int (`i`) / uint (`u`) /
-//! bool / string fields, range-checked numbers, NaN and Inf rejected, timestamps with a
-//! precision and a default time, comments, blank lines and CRLF. A bad line is reported with
-//! its line and column and decoding goes on with the next line.
+//! bool / string fields (floats in Go's syntax: `1_000`, `0x1p-2`), range-checked numbers,
+//! NaN and Inf rejected, UTF-8 checked per token, timestamps with a precision and a default
+//! time, comments, blank lines and CRLF. A bad line is reported with its line and column as
+//! the Go decoder reports it, and decoding resumes where the Go decoder resumes: after the
+//! end of the line it had read to, so nothing inside a rejected string is ever decoded.
 //!
 //! Decoding borrows: a [`Line`] holds views into the input, and a [`Token`] is unescaped
 //! only when it really contained an escape (into a [`Cow`](std::borrow::Cow), or into a

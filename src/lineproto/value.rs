@@ -37,25 +37,21 @@ impl<'a> FieldValue<'a> {
     }
 }
 
-/// Parses a non-string field value (the bytes between `=` and the next `,`/space).
+/// Parses a non-string field value (the bytes between `=` and the next `,` or white space)
+/// as the Go decoder does: the first byte picks the type (`t`/`f` a boolean; a digit, `-`
+/// or `.` a number, typed by an `i` or `u` suffix, else a float).
 #[inline]
 pub(crate) fn parse_unquoted(raw: &[u8]) -> Result<FieldValue<'static>, DecodeErrorKind> {
-    let Some((&last, body)) = raw.split_last() else {
-        return Err(DecodeErrorKind::EmptyFieldValue);
-    };
-    match last {
-        b'i' => parse_int(body).map(FieldValue::Int),
-        b'u' => parse_uint(body).map(FieldValue::Uint),
-        b't' | b'T' | b'e' | b'E' | b'f' | b'F' if !is_float_start(raw[0]) => {
-            parse_bool(raw).map(FieldValue::Bool)
-        }
-        _ => float::parse(raw).map(FieldValue::Float),
+    match raw.first() {
+        Some(b't' | b'T' | b'f' | b'F') => parse_bool(raw).map(FieldValue::Bool),
+        Some(b'-' | b'.' | b'0'..=b'9') => match raw.split_last() {
+            Some((b'i', body)) => parse_int(body).map(FieldValue::Int),
+            Some((b'u', body)) => parse_uint(body).map(FieldValue::Uint),
+            _ => float::parse(raw).map(FieldValue::Float),
+        },
+        Some(_) => Err(DecodeErrorKind::InvalidFieldValue),
+        None => Err(DecodeErrorKind::EmptyFieldValue),
     }
-}
-
-#[inline]
-fn is_float_start(b: u8) -> bool {
-    b.is_ascii_digit() || b == b'-' || b == b'.'
 }
 
 fn parse_bool(raw: &[u8]) -> Result<bool, DecodeErrorKind> {
@@ -165,5 +161,16 @@ mod tests {
         assert!(parse_unquoted(b"1e400").is_err());
         assert!(parse_unquoted(b"+1").is_err());
         assert!(parse_unquoted(b"1i2").is_err());
+        // Go's float syntax: digit separators and hexadecimal mantissas with a binary
+        // exponent; the first byte decides the type.
+        assert_eq!(parse_unquoted(b"1_0"), Ok(FieldValue::Float(10.0)));
+        assert_eq!(parse_unquoted(b"0x1p-2"), Ok(FieldValue::Float(0.25)));
+        assert_eq!(parse_unquoted(b"-0x1.8p1"), Ok(FieldValue::Float(-3.0)));
+        assert_eq!(parse_unquoted(b"1e1_0"), Ok(FieldValue::Float(1e10)));
+        assert!(parse_unquoted(b"1__0").is_err());
+        assert!(parse_unquoted(b"1_").is_err());
+        assert!(parse_unquoted(b"0x10").is_err());
+        assert!(parse_unquoted(b"1_0i").is_err());
+        assert!(parse_unquoted(b"Ta").is_err());
     }
 }

@@ -123,6 +123,8 @@ pub(crate) enum ApiError {
     Forbidden(&'static str),
     /// 413: the body exceeds [`BODY_LIMIT`].
     PayloadTooLarge,
+    /// 400: the body could not be read (it stalled or broke off).
+    BodyUnreadable,
     /// 500: a failure of the server itself.
     Internal {
         /// What the server was doing.
@@ -151,10 +153,16 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unauthorized(e) => error(StatusCode::UNAUTHORIZED, &e.to_string()),
             ApiError::Forbidden(message) => error(StatusCode::FORBIDDEN, message),
-            ApiError::PayloadTooLarge => error(
+            // The rest of the body is never read, so the connection cannot carry another
+            // request: say so, or a client reusing it races the server's close and fails
+            // its next request with an incomplete message.
+            ApiError::PayloadTooLarge => closing(error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &format!("request body exceeds {BODY_LIMIT} bytes"),
-            ),
+            )),
+            ApiError::BodyUnreadable => {
+                closing(error(StatusCode::BAD_REQUEST, "cannot read request body"))
+            }
             ApiError::Internal { context, source } => {
                 tracing::error!("fleet: {context}: {source}");
                 internal_error()
@@ -304,8 +312,17 @@ fn body_rejected(rejection: &BytesRejection) -> ApiError {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::PayloadTooLarge
     } else {
-        ApiError::BadRequest("cannot read request body".into())
+        ApiError::BodyUnreadable
     }
+}
+
+/// Marks a response as the connection's last.
+fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 fn validate(scope: Scope, body: RegisterBody) -> Result<Registration, String> {

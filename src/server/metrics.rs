@@ -134,6 +134,13 @@ impl Metrics {
     /// Renders the Prometheus text format (version 0.0.4).
     pub fn render(&self, states: &StateCounts) -> String {
         let mut out = String::with_capacity(2048);
+        let _ = writeln!(
+            out,
+            "# HELP ccfleet_build_info The running ccfleet build (always 1).\n\
+             # TYPE ccfleet_build_info gauge\n\
+             ccfleet_build_info{{component=\"server\",version=\"{}\"}} 1",
+            label_value(env!("CARGO_PKG_VERSION"))
+        );
         out.push_str(
             "# HELP ccfleet_instances Registered fleet instances by state.\n\
              # TYPE ccfleet_instances gauge\n",
@@ -276,6 +283,12 @@ mod tests {
         );
         assert!(text.contains("ccfleet_roster_publish_errors_total 3\n"));
         assert!(text.contains("ccfleet_message_panics_total{source=\"nats\"} 0\n"));
+        assert!(text.starts_with(&format!(
+            "# HELP ccfleet_build_info The running ccfleet build (always 1).\n\
+             # TYPE ccfleet_build_info gauge\n\
+             ccfleet_build_info{{component=\"server\",version=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION")
+        )));
         assert!(
             text.lines()
                 .all(|l| l.starts_with('#') || l.split(' ').count() == 2)

@@ -99,6 +99,8 @@ async fn connect_nats(
     metrics: Arc<Metrics>,
     roster: RosterNotify,
 ) -> Result<async_nats::Client, ServerError> {
+    // An outage is logged once (and its end once), not on every reconnect attempt.
+    let reporter = crate::nats::ConnectionReporter::new(&config.address);
     config
         .connect_options("ccfleet-server")
         .await
@@ -107,22 +109,18 @@ async fn connect_nats(
         .event_callback(move |event| {
             let metrics = metrics.clone();
             let roster = roster.clone();
+            let reporter = reporter.clone();
             async move {
-                match event {
+                match &event {
                     async_nats::Event::SlowConsumer(_) => {
                         Metrics::add(&metrics.heartbeats_dropped, 1);
                     }
-                    async_nats::Event::Disconnected => {
-                        tracing::warn!("NATS: disconnected, reconnecting");
-                    }
-                    async_nats::Event::Connected => {
-                        tracing::info!("NATS: connected");
-                        // Core NATS kept nothing for consumers while we were away: send
-                        // current rosters now instead of at the next interval.
-                        roster.notify();
-                    }
-                    other => tracing::warn!("NATS: {other}"),
+                    // Core NATS kept nothing for consumers while we were away: send current
+                    // rosters now instead of at the next interval.
+                    async_nats::Event::Connected => roster.notify(),
+                    _ => {}
                 }
+                reporter.on_event(event).await;
             }
         })
         .connect(config.address.as_str())

@@ -265,31 +265,58 @@ pub(crate) fn check_size(data: &[u8]) -> Result<(), WireError> {
     Ok(())
 }
 
+/// The length of the run of bytes at the start of `bytes` that a canonical id may hold:
+/// printable ASCII other than space, `"` and `\`. Eight bytes are checked at a time.
+#[inline]
+fn plain_id_len(bytes: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // Whether any byte of `w` is below `n` (exact for the question "any?", n <= 0x80).
+    let any_below = |w: u64, n: u8| w.wrapping_sub(ONES * u64::from(n)) & !w & HIGH != 0;
+    let mut i = 0;
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let w = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+        let odd = any_below(w, 0x21)
+            || (w.wrapping_add(ONES) | w) & HIGH != 0
+            || any_below(w ^ (ONES * u64::from(b'"')), 1)
+            || any_below(w ^ (ONES * u64::from(b'\\')), 1);
+        if odd {
+            break;
+        }
+        i += 8;
+    }
+    i + bytes[i..]
+        .iter()
+        .position(|&b| !b.is_ascii_graphic() || b == b'\\' || b == b'"')
+        .unwrap_or(bytes.len() - i)
+}
+
 /// Recognises a heartbeat line in exactly the shape cc-lib writes it, returning the id and
 /// the bytes consumed (newline included). Anything unusual (escapes in the id, CRLF, a
 /// negative or missing timestamp) returns `None` and takes the full route.
 #[inline]
 fn canonical_heartbeat(rest: &[u8]) -> Option<(&str, usize)> {
     let body = rest.strip_prefix(CANONICAL_PREFIX)?;
-    let id_len = body
-        .iter()
-        .position(|&b| !b.is_ascii_graphic() || b == b'\\' || b == b'"')?;
+    let id_len = plain_id_len(body);
     if id_len == 0 {
         return None;
     }
     let after_id = body[id_len..].strip_prefix(CANONICAL_SUFFIX)?;
-    let digits = after_id
-        .iter()
-        .position(|b| !b.is_ascii_digit())
-        .unwrap_or(after_id.len());
     // Up to 19 digits fit a u64; the full decoder handles anything longer.
-    if digits == 0 || digits > 19 {
-        return None;
+    let mut value = 0u64;
+    let mut digits = 0;
+    while let Some(&b) = after_id.get(digits) {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
+            break;
+        }
+        if digits == 19 {
+            return None;
+        }
+        value = value * 10 + u64::from(d);
+        digits += 1;
     }
-    let value = after_id[..digits]
-        .iter()
-        .fold(0u64, |acc, d| acc * 10 + u64::from(d - b'0'));
-    if value > i64::MAX as u64 {
+    if digits == 0 || value > i64::MAX as u64 {
         return None;
     }
     let newline = match after_id.get(digits) {
@@ -329,6 +356,29 @@ mod tests {
             WireError::NoInstanceId.to_string(),
             "fleet: heartbeat without instance id"
         );
+    }
+
+    #[test]
+    fn the_word_at_a_time_id_scan_agrees_with_a_byte_loop() {
+        let reference = |bytes: &[u8]| {
+            bytes
+                .iter()
+                .position(|&b| !b.is_ascii_graphic() || b == b'\\' || b == b'"')
+                .unwrap_or(bytes.len())
+        };
+        for len in 0..=40 {
+            for at in 0..=len {
+                for odd in [
+                    0u8, b' ', b'!', b'"', b'\\', b'~', 0x7f, 0x80, 0xff, b'\n', 0x20,
+                ] {
+                    let mut bytes = vec![b'a'; len];
+                    if at < len {
+                        bytes[at] = odd;
+                    }
+                    assert_eq!(plain_id_len(&bytes), reference(&bytes), "{bytes:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! creates it with [`Plugin::init`] and then hands it whole snapshots: the service
 //! configuration ([`Plugin::on_config`]), the roster of peers ([`Plugin::on_roster`]) and the
 //! discovered instances ([`Plugin::on_instances`]); collectors emit points from
-//! [`Plugin::collect`] with [`emit`].
+//! [`Plugin::collect`] with [`emit`], reading host files with [`read_file`] and
+//! [`list_dir`].
 //!
 //! The crate is `#![no_std]` (it needs `alloc`). A `no_std` plugin enables the `rt` feature,
 //! which supplies a global allocator and a panic handler that traps; a plugin that links
@@ -97,6 +98,24 @@ pub fn log(level: Level, message: &str) {
 /// sent.
 pub fn emit(points: &[Point]) -> Result<(), String> {
     bindings::cc::fleet::host::emit(points)
+}
+
+/// Reads a whole host file that the plugin's configuration grants
+/// (`capabilities.read-files`), e.g. `/proc/loadavg`. The agent refuses paths it does not
+/// grant, paths with `.` or `..`, and the per-process entries of `/proc`.
+pub fn read_file(path: &str) -> Result<Vec<u8>, String> {
+    bindings::cc::fleet::files::read(path)
+}
+
+/// [`read_file`] as UTF-8 text.
+pub fn read_to_string(path: &str) -> Result<String, String> {
+    let bytes = read_file(path)?;
+    String::from_utf8(bytes).map_err(|_| alloc::format!("{path} is not UTF-8 text"))
+}
+
+/// The names in a host directory that are granted or lead to granted files, sorted.
+pub fn list_dir(path: &str) -> Result<Vec<String>, String> {
+    bindings::cc::fleet::files::list_dir(path)
 }
 
 /// The host's wall-clock time in Unix nanoseconds.

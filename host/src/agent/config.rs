@@ -8,8 +8,9 @@
 //!   "discovery": {"provider": "STATIC", "static-endpoints": ["ms1:8080"]},
 //!   "metrics": {"type": "nats", "subject": "cc.metric.fritz"},
 //!   "plugins": [{"path": "plugins/loadavg.wasm", "collect-interval": "10s",
-//!                "capabilities": {"wasi": true, "read-dirs": ["/proc"]}}],
-//!   "shutdown-timeout": "10s"
+//!                "capabilities": {"read-files": ["/proc/loadavg"]}}],
+//!   "shutdown-timeout": "10s",
+//!   "metrics-addr": "127.0.0.1:9102"
 //! }
 //! ```
 //!
@@ -65,6 +66,10 @@ pub struct AgentConfig {
     /// plugins do; what has not finished by then is abandoned.
     #[serde(default = "default_shutdown_timeout", with = "serde_go")]
     pub shutdown_timeout: Duration,
+    /// Where to serve `GET /metrics` (Prometheus text format) and `GET /healthz`, e.g.
+    /// `127.0.0.1:9102`; off when absent.
+    #[serde(default)]
+    pub metrics_addr: Option<String>,
 }
 
 fn default_service_type() -> ServiceType {
@@ -98,6 +103,7 @@ impl fmt::Debug for AgentConfig {
             .field("metrics", &self.metrics)
             .field("plugins", &self.plugins)
             .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("metrics_addr", &self.metrics_addr)
             .finish()
     }
 }
@@ -107,9 +113,24 @@ impl AgentConfig {
     pub fn from_json(text: &str, base: &Path) -> Result<AgentConfig, AgentError> {
         let mut config: AgentConfig = serde_json::from_str(text)
             .map_err(|e| AgentError::Config(format!("invalid agent configuration: {e}")))?;
+        let mut names = std::collections::BTreeSet::new();
         for plugin in &mut config.plugins {
             plugin.resolve_path(base);
             plugin.validate()?;
+            // Logs, events and /metrics tell plugins apart by name.
+            let name = plugin.display_name();
+            if !names.insert(name.clone()) {
+                return Err(AgentError::Config(format!(
+                    "two plugins are named {name:?}; give one of them a distinct \"name\""
+                )));
+            }
+        }
+        if let Some(addr) = &config.metrics_addr
+            && addr.trim().is_empty()
+        {
+            return Err(AgentError::Config(
+                "metrics-addr is empty; leave it out to serve no metrics".to_owned(),
+            ));
         }
         if config.shutdown_timeout.is_zero() {
             return Err(AgentError::Config(
@@ -266,6 +287,38 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("shutdown-timeout"), "{err}");
+    }
+
+    #[test]
+    fn two_plugins_of_one_name_are_refused() {
+        let err = AgentConfig::from_json(
+            r#"{"fleet":{},"plugins":[{"path":"a/l.wasm"},{"path":"b/l.wasm"}]}"#,
+            Path::new("."),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("two plugins are named \"l\""), "{err}");
+        let named = AgentConfig::from_json(
+            r#"{"fleet":{},"plugins":[{"path":"a/l.wasm"},{"path":"b/l.wasm","name":"l2"}]}"#,
+            Path::new("."),
+        );
+        assert!(named.is_ok());
+    }
+
+    #[test]
+    fn metrics_addr_is_off_unless_given_and_never_empty() {
+        let config = AgentConfig::from_json(r#"{"fleet":{}}"#, Path::new(".")).unwrap();
+        assert_eq!(config.metrics_addr, None);
+        let config = AgentConfig::from_json(
+            r#"{"fleet":{},"metrics-addr":"127.0.0.1:9102"}"#,
+            Path::new("."),
+        )
+        .unwrap();
+        assert_eq!(config.metrics_addr.as_deref(), Some("127.0.0.1:9102"));
+        let err = AgentConfig::from_json(r#"{"fleet":{},"metrics-addr":" "}"#, Path::new("."))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("metrics-addr is empty"), "{err}");
     }
 
     #[test]

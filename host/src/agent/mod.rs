@@ -3,7 +3,9 @@
 //! plugins, whose metrics go to NATS (or stdout).
 
 pub mod config;
+mod observe;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,9 +23,10 @@ pub use config::{
     AgentConfig, ConnectionReporter, DEFAULT_SHUTDOWN_TIMEOUT, MetricsConfig, NatsConfig, SinkKind,
 };
 
-use crate::sink::{self, Target};
+use crate::sink::{self, SinkStats, Target};
 use crate::types::{ConfigUpdate, Instance, Provider, Source};
 use crate::{FeedSenders, HostError, PluginEvent, PluginHandle, Runtime, RuntimeOptions};
+use observe::{ConfigState, Observed, ObservedPlugin};
 
 /// How long the first registration and configuration pull may take before the agent goes on
 /// with the cached (or local) configuration.
@@ -133,6 +136,7 @@ pub struct RunningAgent {
     forwarders: Vec<JoinHandle<()>>,
     discovery: Option<Arc<Cached>>,
     sink: Option<JoinHandle<()>>,
+    observer: Option<(SocketAddr, JoinHandle<()>)>,
 }
 
 impl Agent {
@@ -160,6 +164,13 @@ impl Agent {
         let Agent { config, runtime } = self;
         let fleet = client::Config::from_value(config.fleet.clone())?;
         let cluster = fleet.cluster.clone();
+        // Bound first: a wrong address fails the start before anything else is set up.
+        let listener = match &config.metrics_addr {
+            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                AgentError::Config(format!("metrics-addr {addr}: cannot listen: {e}"))
+            })?),
+            None => None,
+        };
 
         let (nats, nats_link) = match &config.nats {
             Some(section) => {
@@ -201,12 +212,20 @@ impl Agent {
         feeds.set_config(config_update(&initial));
         let mut forwarders = Vec::new();
 
+        let (config_state, config_seen) = watch::channel(ConfigState {
+            revision: initial.revision.clone(),
+            source: initial.source,
+        });
         let mut configs = client.configs();
         let to_plugins = feeds.clone();
         forwarders.push(tokio::spawn(async move {
             while let Some(update) = configs.recv().await {
                 tracing::info!(revision = %update.revision, "configuration changed");
                 to_plugins.set_config(config_update(&update));
+                config_state.send_replace(ConfigState {
+                    revision: update.revision.clone(),
+                    source: update.source,
+                });
             }
         }));
 
@@ -294,14 +313,45 @@ impl Agent {
                 "metrics go to standard output (no nats section, or metrics.type is stdout)"
             ),
         }
-        let sink_task = tokio::spawn(sink::run(batches, target));
+        let sink_kind = match target {
+            Target::Nats { .. } => "nats",
+            Target::Stdout => "stdout",
+        };
+        let sink_stats = Arc::new(SinkStats::default());
+        let sink_task = tokio::spawn(sink::run_counted(batches, target, sink_stats.clone()));
 
-        let plugins = config
+        let plugins: Vec<PluginHandle> = config
             .plugins
             .iter()
             .map(|spec| runtime.spawn(spec.clone(), feeds.subscribe(), sink_handle.clone()))
             .collect();
         drop(sink_handle);
+
+        let observer = match listener {
+            Some(listener) => {
+                let addr = listener.local_addr().map_err(|e| {
+                    AgentError::Config(format!("metrics-addr: cannot read the bound address: {e}"))
+                })?;
+                let observed = Observed {
+                    plugins: plugins
+                        .iter()
+                        .map(|p| ObservedPlugin {
+                            name: p.name().into(),
+                            status: p.status(),
+                            stats: p.stats(),
+                        })
+                        .collect(),
+                    sink: sink_stats,
+                    sink_kind,
+                    client: client.clone(),
+                    nats: nats.clone(),
+                    config: config_seen,
+                };
+                tracing::info!(%addr, "serving /metrics and /healthz");
+                Some((addr, observe::serve(listener, Arc::new(observed))))
+            }
+            None => None,
+        };
 
         let runner = client.clone();
         let run = tokio::spawn(async move { runner.run().await });
@@ -317,6 +367,7 @@ impl Agent {
             forwarders,
             discovery: Some(cached),
             sink: Some(sink_task),
+            observer,
         })
     }
 }
@@ -353,6 +404,11 @@ impl RunningAgent {
     /// The supervised plugins.
     pub fn plugins(&self) -> &[PluginHandle] {
         &self.plugins
+    }
+
+    /// The address `/metrics` and `/healthz` are served on (`None` without `metrics-addr`).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.observer.as_ref().map(|(addr, _)| *addr)
     }
 
     /// Whether the NATS connection is up (`None` without a NATS section).
@@ -426,6 +482,9 @@ impl RunningAgent {
                 });
             }
         };
+        if let Some((_, observer)) = self.observer.take() {
+            observer.abort();
+        }
         closed?;
         match run {
             // The run task had not started when the client was closed: nothing ran.
@@ -444,6 +503,9 @@ impl Drop for RunningAgent {
         }
         if let Some(sink) = &self.sink {
             sink.abort();
+        }
+        if let Some((_, observer)) = &self.observer {
+            observer.abort();
         }
         self.run.abort();
     }

@@ -12,9 +12,7 @@ use std::io::{self, BufRead, BufWriter, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
-use ccfleet::lineproto::{
-    DecodeError, DecodeErrorKind, Decoder, DecoderOptions, FieldValue, Line, Precision,
-};
+use ccfleet::lineproto::{DecodeError, Decoder, DecoderOptions, FieldValue, Line, Precision};
 use ccfleet::wire;
 use serde_json::{Value, json};
 
@@ -157,10 +155,10 @@ fn decode_stream(
                     line_no = decoder.line_number();
                     break pending.len();
                 }
-                Some(Err(e))
+                Some(Err(_))
                     if !at_end
-                        && e.kind == DecodeErrorKind::UnterminatedString
-                        && pending.len() - start <= options.max_line_len =>
+                        && pending.len() - start <= options.max_line_len
+                        && needs_more_input(&pending[start..], start_line, options) =>
                 {
                     line_no = start_line;
                     break start;
@@ -179,6 +177,19 @@ fn decode_stream(
             printer.out.flush().context("writing to standard output")?;
         }
     }
+}
+
+/// Whether the failed entry at the start of `rest` was judged on input that has not arrived:
+/// a string still open at its end (unclosed, or with bad UTF-8 that is only reported once
+/// the string is whole). Decoding it again with a closing quote and a newline appended then
+/// reads into those bytes.
+fn needs_more_input(rest: &[u8], line_no: usize, options: DecoderOptions) -> bool {
+    let mut extended = Vec::with_capacity(rest.len() + 2);
+    extended.extend_from_slice(rest);
+    extended.extend_from_slice(b"\"\n");
+    let mut decoder = Decoder::resume_at(&extended, 0, line_no, options);
+    decoder.next();
+    decoder.position() > rest.len()
 }
 
 /// Writes points and errors as JSON objects, one a line, straight from the decoded tokens.

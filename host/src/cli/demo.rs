@@ -320,7 +320,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 "config": {"cluster": CLUSTER, "hostname": HOSTNAME},
                 "collect-interval": "1s",
                 "limits": {"memory-mb": 32, "call-timeout": "500ms"},
-                "capabilities": {"wasi": true, "read-dirs": ["/proc"]}
+                "capabilities": {"read-files": ["/proc/loadavg"]}
             }
         ]
     });

@@ -1,13 +1,37 @@
 //! What a plugin may reach beyond the `cc:fleet/host` interface, and the one place where
 //! those grants become a WASI context.
+//!
+//! Host files reach collectors through `cc:fleet/files` ([`super::files`]), which resolves
+//! every path on the host and never hands out the agent's own process. WASI directories are
+//! for plain data only: a directory that is, lies in or contains a kernel pseudo-filesystem
+//! (`/proc`, `/sys`, `/dev`, ...) is refused, since inside a preopened `/proc` the plugin
+//! could read `/proc/self/environ` and `/proc/self/mem`, the agent's secrets.
 
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
+use super::files::Pattern;
+
+/// File systems that are views of the kernel and its processes, never preopened for WASI.
+const PSEUDO_FILESYSTEMS: [&str; 12] = [
+    "proc",
+    "sysfs",
+    "devtmpfs",
+    "devpts",
+    "debugfs",
+    "tracefs",
+    "securityfs",
+    "efivarfs",
+    "bpf",
+    "configfs",
+    "binfmt_misc",
+    "fusectl",
+];
+
 /// Capabilities granted to a plugin. Nothing is granted by default: the plugin sees only
-/// the `cc:fleet/host` interface.
+/// the `cc:fleet/host` interface, and `cc:fleet/files` refuses every path.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Capabilities {
@@ -15,25 +39,82 @@ pub struct Capabilities {
     /// importing WASI without this grant is refused at load.
     #[serde(default)]
     pub wasi: bool,
-    /// Host directories the plugin may read, each visible under the same path. Needs `wasi`.
+    /// Host directories the plugin may read through WASI, each visible under the same path.
+    /// Needs `wasi`. `/proc`, `/sys`, `/dev` and any directory holding such a file system
+    /// are refused: grant their files with `read-files` instead.
     #[serde(default)]
     pub read_dirs: Vec<PathBuf>,
+    /// Host files the plugin may read through `cc:fleet/files`: absolute paths or patterns
+    /// (`*` within a name, `**` as a whole component for any depth), e.g. `/proc/loadavg`,
+    /// `/sys/class/hwmon/**`. Needs no WASI.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_files: Vec<String>,
+    /// The directory `read-files` paths are looked up in (default `/`), e.g. a directory of
+    /// fixtures holding `proc/stat`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_root: Option<PathBuf>,
 }
 
 impl Capabilities {
+    /// Checks the grants without touching the file system.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.read_dirs.is_empty() && !self.wasi {
+            return Err("capabilities.read-dirs needs capabilities.wasi = true".to_owned());
+        }
+        for dir in &self.read_dirs {
+            if !dir.is_absolute() {
+                return Err(format!(
+                    "capabilities.read-dirs entry {} must be an absolute path",
+                    dir.display()
+                ));
+            }
+            if let Some(why) = lexically_kernel(dir) {
+                return Err(format!(
+                    "capabilities.read-dirs entry {}: {why}; grant the files a collector \
+                     needs with capabilities.read-files instead",
+                    dir.display()
+                ));
+            }
+        }
+        for pattern in &self.read_files {
+            Pattern::parse(pattern).map_err(|e| format!("capabilities.{e}"))?;
+        }
+        if let Some(root) = &self.files_root
+            && !root.is_absolute()
+        {
+            return Err(format!(
+                "capabilities.files-root {} must be an absolute path",
+                root.display()
+            ));
+        }
+        Ok(())
+    }
+
     /// Adds the grants to a WASI context. A fresh `WasiCtxBuilder` grants nothing: stdin is
     /// closed, stdout and stderr are discarded, no directory is preopened, no environment
     /// variable or argument is set, and every network address is denied. Only the lines
-    /// below widen that.
+    /// below widen that: each of `read-dirs`, read-only, once it is shown to hold no kernel
+    /// file system (after resolving links, against the mount table).
     pub fn configure(&self, builder: &mut WasiCtxBuilder) -> Result<(), GrantError> {
         for dir in &self.read_dirs {
+            let fail = |reason: String| GrantError {
+                path: dir.clone(),
+                reason,
+            };
+            let real = std::fs::canonicalize(dir).map_err(|e| fail(e.to_string()))?;
+            if let Some(why) = lexically_kernel(&real) {
+                return Err(fail(format!("it resolves to {}: {why}", real.display())));
+            }
+            if let Some(mount) = kernel_mount_touching(&real).map_err(fail)? {
+                return Err(fail(format!(
+                    "it overlaps the kernel file system mounted at {}",
+                    mount.display()
+                )));
+            }
             let guest = dir.to_string_lossy();
             builder
-                .preopened_dir(dir, guest.as_ref(), FsPerms::ReadOnly)
-                .map_err(|e| GrantError {
-                    path: dir.clone(),
-                    reason: format!("{e:#}"),
-                })?;
+                .preopened_dir(&real, guest.as_ref(), FsPerms::ReadOnly)
+                .map_err(|e| fail(format!("{e:#}")))?;
         }
         Ok(())
     }
@@ -46,4 +127,149 @@ pub struct GrantError {
     pub path: PathBuf,
     /// Why it could not be.
     pub reason: String,
+}
+
+/// Why a directory is refused by its name alone: `/`, anything with `..`, or `/proc`,
+/// `/sys`, `/dev` and what lies below them.
+fn lexically_kernel(dir: &Path) -> Option<&'static str> {
+    let mut normal = dir
+        .components()
+        .filter(|c| !matches!(c, Component::RootDir));
+    match normal.next() {
+        None => Some("it holds /proc, /sys and /dev"),
+        Some(Component::Normal(top)) if top == "proc" || top == "sys" || top == "dev" => {
+            Some("kernel file systems are never preopened")
+        }
+        _ if dir
+            .components()
+            .any(|c| matches!(c, Component::ParentDir | Component::CurDir)) =>
+        {
+            Some("`.` and `..` are not allowed")
+        }
+        _ => None,
+    }
+}
+
+/// The mount point of a kernel pseudo-filesystem that `dir` lies in or contains, if any.
+fn kernel_mount_touching(dir: &Path) -> Result<Option<PathBuf>, String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read the mount table to check the grant: {e}"))?;
+    Ok(kernel_mounts(&table)
+        .into_iter()
+        .find(|mount| mount.starts_with(dir) || dir.starts_with(mount)))
+}
+
+/// The mount points of kernel pseudo-filesystems in a `/proc/self/mountinfo` text.
+fn kernel_mounts(mountinfo: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mount_point = left.split(' ').nth(4)?;
+            let fs_type = right.split(' ').next()?;
+            PSEUDO_FILESYSTEMS
+                .contains(&fs_type)
+                .then(|| PathBuf::from(unescape_mount(mount_point)))
+        })
+        .collect()
+}
+
+/// Undoes the octal escapes (`\040` for a space) of mountinfo fields.
+fn unescape_mount(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let value = bytes[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
+            out.push(value as u8);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_directories_are_refused_by_name() {
+        for dir in [
+            "/",
+            "/proc",
+            "/proc/self",
+            "/sys/class",
+            "/dev",
+            "/data/../proc",
+        ] {
+            let caps = Capabilities {
+                wasi: true,
+                read_dirs: vec![dir.into()],
+                ..Capabilities::default()
+            };
+            let err = caps.validate().unwrap_err();
+            assert!(err.contains("read-files instead"), "{dir}: {err}");
+        }
+        let fine = Capabilities {
+            wasi: true,
+            read_dirs: vec!["/var/lib/data".into()],
+            read_files: vec!["/proc/loadavg".into()],
+            files_root: None,
+        };
+        fine.validate().unwrap();
+    }
+
+    #[test]
+    fn mountinfo_names_kernel_mounts_with_escapes() {
+        let table = "22 1 0:21 / /proc rw,nosuid - proc proc rw\n\
+                     23 1 0:22 / /sys rw - sysfs sysfs rw\n\
+                     24 1 8:1 / / rw - ext4 /dev/sda1 rw\n\
+                     25 24 0:23 / /srv/my\\040proc rw - proc proc rw\n";
+        assert_eq!(
+            kernel_mounts(table),
+            [
+                PathBuf::from("/proc"),
+                PathBuf::from("/sys"),
+                PathBuf::from("/srv/my proc")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_link_to_proc_is_refused_when_the_store_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("innocent");
+        std::os::unix::fs::symlink("/proc", &link).unwrap();
+        let caps = Capabilities {
+            wasi: true,
+            read_dirs: vec![link.clone()],
+            ..Capabilities::default()
+        };
+        caps.validate().unwrap();
+        let err = caps
+            .configure(&mut wasmtime_wasi::WasiCtx::builder())
+            .unwrap_err();
+        assert_eq!(err.path, link);
+        assert!(err.reason.contains("resolves to /proc"), "{}", err.reason);
+        // A plain directory is granted.
+        let plain = Capabilities {
+            wasi: true,
+            read_dirs: vec![dir.path().to_path_buf()],
+            ..Capabilities::default()
+        };
+        plain
+            .configure(&mut wasmtime_wasi::WasiCtx::builder())
+            .unwrap();
+    }
 }

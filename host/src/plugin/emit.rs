@@ -2,6 +2,7 @@
 //! plugin's limits, or nothing.
 
 use ccfleet::lineproto::{Encoder, FieldRef};
+use ccfleet::untrusted::Untrusted;
 
 use super::sink::SinkHandle;
 use crate::plugin::types::{FieldValue, Point};
@@ -26,27 +27,46 @@ impl Emitter {
         }
     }
 
-    /// Encodes the whole batch or nothing; `Err` is the message the plugin sees.
-    pub fn encode(&mut self, points: &[Point], now_ns: i64) -> Result<Vec<u8>, String> {
-        if points.len() > self.max_points {
+    /// Checks the number of points, before anything of the batch is copied to the host.
+    pub fn check_count(&self, points: usize) -> Result<(), String> {
+        if points > self.max_points {
             return Err(format!(
-                "batch of {} points exceeds this plugin's limit of {}",
-                points.len(),
+                "batch of {points} points exceeds this plugin's limit of {}",
                 self.max_points
             ));
         }
+        Ok(())
+    }
+
+    /// What copying a batch to the host may allocate (wasmtime's host-call fuel, roughly
+    /// bytes): twice the encoded limit leaves room for the records around the text.
+    pub fn lift_budget(&self) -> usize {
+        self.max_bytes.saturating_mul(2)
+    }
+
+    /// The message for a batch whose copy ran past [`Emitter::lift_budget`].
+    pub fn too_large(&self) -> String {
+        format!(
+            "batch exceeds this plugin's limit of {} bytes",
+            self.max_bytes
+        )
+    }
+
+    /// Encodes the whole batch or nothing; `Err` is the message the plugin sees.
+    pub fn encode(&mut self, points: &[Point], now_ns: i64) -> Result<Vec<u8>, String> {
+        self.check_count(points.len())?;
         self.encoder.clear();
         for (index, point) in points.iter().enumerate() {
             self.encode_point(point, now_ns).map_err(|e| {
                 self.encoder.clear();
-                format!("point {index} ({}): {e}", point.measurement)
+                format!(
+                    "point {index} ({}): {e}",
+                    Untrusted(&point.measurement).capped(64)
+                )
             })?;
             if self.encoder.len() > self.max_bytes {
                 self.encoder.clear();
-                return Err(format!(
-                    "batch exceeds this plugin's limit of {} bytes",
-                    self.max_bytes
-                ));
+                return Err(self.too_large());
             }
         }
         let lines = self.encoder.take();

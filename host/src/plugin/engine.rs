@@ -8,19 +8,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::broadcast;
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::{ComponentType as _, Linker};
 use wasmtime::{Config, Engine, Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
-use super::bindings::{FleetPlugin, FleetPluginPre};
+use super::bindings::FleetPluginPre;
 use super::cache::{ComponentCache, content_hash};
 use super::emit::Emitter;
 use super::events::{EventSender, PluginEvent};
+use super::files::FileGrants;
 use super::limits::MemoryLimiter;
+use super::logs::LogGate;
 use super::sink::SinkHandle;
 use super::spec::PluginSpec;
-use super::state::HostState;
+use super::state::{self, HostState};
 use crate::plugin::HostError;
+use crate::plugin::types::Point;
 
 /// Options of a [`Runtime`].
 #[derive(Debug, Clone)]
@@ -112,9 +115,9 @@ impl Runtime {
             .map_err(|e| HostError::Engine(format!("cannot start the epoch ticker: {e}")))?;
 
         let mut plain = Linker::new(&engine);
-        FleetPlugin::add_to_linker::<_, HasSelf<_>>(&mut plain, |s| s).map_err(engine_err)?;
+        state::add_to_linker(&mut plain).map_err(engine_err)?;
         let mut wasi = Linker::new(&engine);
-        FleetPlugin::add_to_linker::<_, HasSelf<_>>(&mut wasi, |s| s).map_err(engine_err)?;
+        state::add_to_linker(&mut wasi).map_err(engine_err)?;
         wasmtime_wasi::p2::add_to_linker_async(&mut wasi).map_err(engine_err)?;
 
         let cache = ComponentCache::new(&engine, options.cache_dir.clone());
@@ -222,8 +225,23 @@ impl Runtime {
         plugin: Arc<str>,
         generation: u64,
         sink: SinkHandle,
+        logs: LogGate,
     ) -> Result<Store<HostState>, HostError> {
         let limits = &spec.limits;
+        let caps = &spec.capabilities;
+        let files = if caps.read_files.is_empty() {
+            FileGrants::none()
+        } else {
+            FileGrants::new(
+                &caps.read_files,
+                caps.files_root.as_deref(),
+                limits.max_file_bytes as usize,
+            )
+            .map_err(|reason| HostError::Spec {
+                plugin: plugin.to_string(),
+                reason,
+            })?
+        };
         let wasi = if spec.capabilities.wasi {
             let mut builder = WasiCtx::builder();
             spec.capabilities
@@ -247,6 +265,8 @@ impl Runtime {
                 limits.max_emit_bytes as usize,
             ),
             events: self.inner.events.clone(),
+            logs,
+            files,
             deadline: Instant::now() + limits.call_timeout,
             table: wasmtime::component::ResourceTable::new(),
             wasi,
@@ -257,9 +277,18 @@ impl Runtime {
                 reason: format!("{e:#}"),
             })?;
         store.limiter(|s| &mut s.limiter);
-        // Lifting an `emit` batch is the largest allocation a plugin can make the host do;
-        // bound it by the batch limit (plus room for the records themselves).
-        store.set_hostcall_fuel((limits.max_emit_bytes as usize).saturating_mul(2));
+        // Host-call fuel bounds what copying one call's arguments to the host may allocate.
+        // The `cc:fleet` imports copy nothing up front (`emit` copies its points under a
+        // budget of its own, see `state`), but wasmtime charges a list's records before the
+        // function runs: the fuel covers the largest list the plugin's memory can hold, so
+        // an oversized `emit` reaches its size check instead of trapping. Eagerly copying
+        // WASI imports are bounded by the same figure, a little over the memory limit.
+        let largest_list = (limits.memory_bytes() / Point::SIZE32)
+            .saturating_mul(std::mem::size_of::<Point>())
+            .saturating_add(64 << 10);
+        store.set_hostcall_fuel(
+            largest_list.max((limits.max_emit_bytes as usize).saturating_mul(2)),
+        );
         store.epoch_deadline_callback(|ctx| {
             if Instant::now() >= ctx.data().deadline {
                 Ok(UpdateDeadline::Interrupt)

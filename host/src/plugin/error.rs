@@ -58,7 +58,8 @@ pub enum HostError {
         /// What the linker reported.
         reason: String,
     },
-    /// A directory named in `capabilities.read-dirs` could not be opened.
+    /// A directory named in `capabilities.read-dirs` could not be granted: it is missing, or
+    /// it is, lies in or holds a kernel file system such as `/proc`.
     #[error("plugin {plugin}: cannot grant directory {path}: {reason}")]
     Preopen {
         /// The plugin name.
@@ -127,6 +128,12 @@ pub enum Failure {
         /// The total the growth would have reached.
         requested: usize,
     },
+    /// A host call copied more of the plugin's data than the host allows for one call.
+    #[error("{call} ended: a host call copied more data than the host allows for one call")]
+    HostCallFuel {
+        /// The exported function (or `instantiate`) during which the host call was made.
+        call: &'static str,
+    },
     /// `init` returned an error: the plugin rejects its configuration.
     #[error("init failed: {0}")]
     Init(String),
@@ -142,8 +149,21 @@ impl Failure {
             Failure::Trap { .. } => "trap",
             Failure::Deadline { .. } => "deadline",
             Failure::MemoryLimit { .. } => "memory-limit",
+            Failure::HostCallFuel { .. } => "host-call-fuel",
             Failure::Init(_) => "init",
             Failure::Setup(_) => "setup",
+        }
+    }
+
+    /// The exported function the failure ended, if it happened in one.
+    pub fn call(&self) -> Option<&'static str> {
+        match self {
+            Failure::Trap { call, .. }
+            | Failure::Deadline { call, .. }
+            | Failure::MemoryLimit { call, .. }
+            | Failure::HostCallFuel { call } => Some(call),
+            Failure::Init(_) => Some("init"),
+            Failure::Setup(_) => None,
         }
     }
 }

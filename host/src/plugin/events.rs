@@ -51,12 +51,17 @@ pub enum EventKind {
         /// The number of instances in it.
         instances: usize,
     },
-    /// The plugin logged a message.
+    /// The plugin logged a message (within its rate limit).
     Log {
         /// Its severity.
         level: Level,
-        /// The message.
+        /// The message, cut at `logs::MAX_LOG_MESSAGE` bytes.
         message: String,
+    },
+    /// Log lines of the plugin (or its logged call errors) were dropped over its rate limit.
+    LogsDropped {
+        /// How many since the last report.
+        count: u64,
     },
     /// The plugin emitted points that were handed to the sink.
     Emitted {
@@ -74,8 +79,14 @@ pub enum EventKind {
     CallFailed {
         /// The function.
         call: &'static str,
-        /// The plugin's error message.
+        /// The plugin's error message, cut at `logs::MAX_ERROR_MESSAGE` bytes.
         message: String,
+    },
+    /// A snapshot ended two instances in a row while being delivered; it is not delivered
+    /// again until the feed replaces it.
+    SnapshotWithheld {
+        /// The function it was delivered to.
+        call: &'static str,
     },
     /// The instance failed and its store was dropped.
     Crashed {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::stats::PluginStats;
 use crate::plugin::Failure;
 
 /// Where a plugin is in its life.
@@ -46,6 +47,7 @@ pub struct PluginHandle {
     status: watch::Receiver<PluginStatus>,
     stop: watch::Sender<bool>,
     task: Option<JoinHandle<()>>,
+    stats: Arc<PluginStats>,
 }
 
 impl PluginHandle {
@@ -57,6 +59,12 @@ impl PluginHandle {
     /// A receiver of the plugin's status.
     pub fn status(&self) -> watch::Receiver<PluginStatus> {
         self.status.clone()
+    }
+
+    /// The plugin's monitoring counters (calls, latency, restarts, points), which outlive
+    /// its instances.
+    pub fn stats(&self) -> Arc<PluginStats> {
+        self.stats.clone()
     }
 
     /// Stops the plugin and waits for its task to finish (the store is dropped).
@@ -80,12 +88,14 @@ impl PluginHandle {
         status: watch::Receiver<PluginStatus>,
         stop: watch::Sender<bool>,
         task: JoinHandle<()>,
+        stats: Arc<PluginStats>,
     ) -> PluginHandle {
         PluginHandle {
             name,
             status,
             stop,
             task: Some(task),
+            stats,
         }
     }
 }

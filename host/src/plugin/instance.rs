@@ -9,9 +9,10 @@ use wasmtime::Store;
 use super::bindings::FleetPlugin;
 use super::engine::{LoadedPlugin, Runtime};
 use super::limits::MemoryLimitExceeded;
+use super::logs::{LogGate, MAX_ERROR_MESSAGE, cap};
 use super::sink::SinkHandle;
 use super::spec::PluginSpec;
-use super::state::HostState;
+use super::state::{HostState, is_hostcall_fuel};
 use crate::plugin::Failure;
 use crate::plugin::types::{ConfigUpdate, Instance as DiscoveredInstance, Provider};
 
@@ -51,7 +52,8 @@ fn classify(
     outcome: Result<wasmtime::Result<Result<(), String>>, tokio::time::error::Elapsed>,
 ) -> CallResult {
     match outcome {
-        Ok(Ok(result)) => Ok(result),
+        // The plugin's own error is kept short: it is logged and handed to observers.
+        Ok(Ok(result)) => Ok(result.map_err(|message| cap(&message, MAX_ERROR_MESSAGE))),
         Ok(Err(error)) => Err(failure_of(call, limit, &error)),
         Err(_) => Err(Failure::Deadline { call, limit }),
     }
@@ -65,15 +67,19 @@ fn failure_of(call: &'static str, limit: Duration, error: &wasmtime::Error) -> F
             requested: exceeded.requested,
         };
     }
+    if is_hostcall_fuel(error) {
+        return Failure::HostCallFuel { call };
+    }
     match error.downcast_ref::<wasmtime::Trap>() {
         Some(wasmtime::Trap::Interrupt) => Failure::Deadline { call, limit },
         Some(trap) => Failure::Trap {
             call,
             message: trap.to_string(),
         },
+        // A host error: its root cause names it (the outer layers are wasmtime's context).
         None => Failure::Trap {
             call,
-            message: error.to_string(),
+            message: cap(&error.root_cause().to_string(), MAX_ERROR_MESSAGE),
         },
     }
 }
@@ -87,9 +93,10 @@ impl Instance {
         plugin: Arc<str>,
         generation: u64,
         sink: SinkHandle,
+        logs: LogGate,
     ) -> Result<Instance, Failure> {
         let mut store = runtime
-            .new_store(spec, plugin, generation, sink)
+            .new_store(spec, plugin, generation, sink, logs)
             .map_err(|e| Failure::Setup(e.to_string()))?;
         let limit = spec.limits.call_timeout;
         store.data_mut().deadline = Instant::now() + limit;
@@ -158,6 +165,46 @@ impl LoadedPlugin {
         spec: &PluginSpec,
         sink: SinkHandle,
     ) -> Result<Instance, Failure> {
-        Instance::start(runtime, self, spec, spec.display_name().into(), 1, sink).await
+        let logs = LogGate::new(&spec.limits);
+        Instance::start(
+            runtime,
+            self,
+            spec,
+            spec.display_name().into(),
+            1,
+            sink,
+            logs,
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_ended_by_the_host_call_fuel_names_that_cause() {
+        let error = wasmtime::Error::msg(
+            "too much data is being copied between the host and the guest: \
+             fuel allocated for hostcalls has been exhausted",
+        )
+        .context("error while executing at wasm backtrace");
+        let failure = failure_of("collect", Duration::from_secs(1), &error);
+        assert_eq!(failure, Failure::HostCallFuel { call: "collect" });
+        assert!(
+            failure
+                .to_string()
+                .contains("copied more data than the host allows")
+        );
+        // Any other host error is named by its root cause, not by wasmtime's outer layer.
+        let other = wasmtime::Error::msg("the real cause").context("outer layer");
+        assert_eq!(
+            failure_of("on-roster", Duration::from_secs(1), &other),
+            Failure::Trap {
+                call: "on-roster",
+                message: "the real cause".to_owned()
+            }
+        );
     }
 }

@@ -4,8 +4,9 @@
 //! order, from the bottom up (each layer uses only the ones before it):
 //!
 //! - [`spec`] and [`capabilities`]: how a plugin is declared, what it may reach;
-//! - `limits`, `emit`, `state`: the data of one plugin's `Store` and the `cc:fleet/host`
-//!   imports it implements; [`sink`] is where emitted line protocol goes;
+//! - `limits`, [`logs`], `emit`, [`files`], `state`: the data of one plugin's `Store` and
+//!   the `cc:fleet/host` and `cc:fleet/files` imports; [`sink`] is where emitted line
+//!   protocol goes;
 //! - [`engine`]: the shared [`Runtime`] (engine, epoch ticker, linkers, compile cache) that
 //!   loads a component into a [`LoadedPlugin`] and creates stores; it knows nothing of
 //!   supervision;
@@ -13,7 +14,7 @@
 //! - [`restart`], [`feeds`], [`handle`], [`supervisor`]: one tokio task per plugin owning
 //!   its only store, fed the latest snapshots, restarting it within its budget.
 //!
-//! [`events`] reports what happens to plugins to whoever listens.
+//! [`events`] reports what happens to plugins to whoever listens; [`stats`] counts it.
 //!
 //! ```no_run
 //! use ccfleet_host::plugin::{FeedSenders, PluginSpec, Runtime, RuntimeOptions, sink};
@@ -43,13 +44,16 @@ pub mod engine;
 pub mod error;
 pub mod events;
 pub mod feeds;
+pub mod files;
 pub mod handle;
 pub mod instance;
 mod limits;
+pub mod logs;
 pub mod restart;
 pub mod sink;
 pub mod spec;
 mod state;
+pub mod stats;
 pub mod supervisor;
 
 pub use capabilities::Capabilities;
@@ -60,6 +64,7 @@ pub use feeds::{FeedSenders, Feeds};
 pub use handle::{PluginHandle, PluginState, PluginStatus};
 pub use instance::{CallResult, Instance};
 pub use spec::{Limits, PluginSpec};
+pub use stats::{PluginStats, StatsSnapshot};
 
 /// The snapshot types plugins receive, as generated from the WIT package.
 pub mod types {

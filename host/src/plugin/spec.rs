@@ -7,7 +7,7 @@
 //!   "config": {"cluster": "fritz"},
 //!   "collect-interval": "10s",
 //!   "limits": {"memory-mb": 32, "call-timeout": "500ms"},
-//!   "capabilities": {"wasi": true, "read-dirs": ["/proc"]}
+//!   "capabilities": {"read-files": ["/proc/loadavg", "/proc/sys/kernel/hostname"]}
 //! }
 //! ```
 
@@ -84,25 +84,14 @@ impl PluginSpec {
                 reason,
             })
         };
-        if !self.capabilities.read_dirs.is_empty() && !self.capabilities.wasi {
-            return fail("capabilities.read-dirs needs capabilities.wasi = true".to_owned());
-        }
-        if let Some(dir) = self
-            .capabilities
-            .read_dirs
-            .iter()
-            .find(|d| !d.is_absolute())
-        {
-            return fail(format!(
-                "capabilities.read-dirs entry {} must be an absolute path",
-                dir.display()
-            ));
+        if let Err(reason) = self.capabilities.validate() {
+            return fail(reason);
         }
         if self.collect_interval == Some(Duration::ZERO) {
             return fail("collect-interval must be positive".to_owned());
         }
         let l = &self.limits;
-        if l.memory_mb == 0 || l.max_points == 0 || l.max_emit_bytes == 0 {
+        if l.memory_mb == 0 || l.max_points == 0 || l.max_emit_bytes == 0 || l.log_burst == 0 {
             return fail("limits must be positive".to_owned());
         }
         if l.call_timeout.is_zero() {
@@ -131,9 +120,16 @@ pub struct Limits {
     pub call_timeout: Duration,
     /// The most points one `emit` call may carry.
     pub max_points: u32,
-    /// The most line-protocol bytes one `emit` call may produce; it also caps what the host
-    /// allocates on the plugin's behalf in one host call.
+    /// The most line-protocol bytes one `emit` call may produce; copying a batch to the host
+    /// may allocate twice this before the batch is refused.
     pub max_emit_bytes: u32,
+    /// The most bytes one `cc:fleet/files` read returns.
+    pub max_file_bytes: u32,
+    /// Log lines (and logged call errors) a plugin may write per second on average; the
+    /// rest are dropped and counted.
+    pub log_lines_per_second: u32,
+    /// Log lines a plugin may write in a burst above its rate.
+    pub log_burst: u32,
     /// Restarts allowed before the plugin is quarantined until its file changes.
     pub restart_budget: u32,
     /// Delay before the first restart; it doubles with each further restart.
@@ -154,6 +150,9 @@ impl Default for Limits {
             call_timeout: Duration::from_secs(1),
             max_points: 10_000,
             max_emit_bytes: 4 << 20,
+            max_file_bytes: 4 << 20,
+            log_lines_per_second: 20,
+            log_burst: 200,
             restart_budget: 5,
             restart_backoff: Duration::from_millis(500),
             max_restart_backoff: Duration::from_secs(30),
@@ -200,7 +199,8 @@ mod tests {
         let spec: PluginSpec = serde_json::from_str(
             r#"{"name":"l","path":"p.wasm","config":{"a":1},"collect-interval":"10s",
                 "limits":{"memory-mb":8,"call-timeout":"250ms"},
-                "capabilities":{"wasi":true,"read-dirs":["/proc"]}}"#,
+                "capabilities":{"wasi":true,"read-dirs":["/var/lib/data"],
+                                "read-files":["/proc/loadavg","/sys/class/hwmon/**"]}}"#,
         )
         .unwrap();
         assert_eq!(spec.collect_interval, Some(Duration::from_secs(10)));
@@ -215,7 +215,7 @@ mod tests {
     fn rejects_unknown_keys_and_ungranted_dirs() {
         assert!(serde_json::from_str::<PluginSpec>(r#"{"path":"p","colour":1}"#).is_err());
         let spec: PluginSpec =
-            serde_json::from_str(r#"{"path":"p","capabilities":{"read-dirs":["/proc"]}}"#).unwrap();
+            serde_json::from_str(r#"{"path":"p","capabilities":{"read-dirs":["/data"]}}"#).unwrap();
         let err = spec.validate().unwrap_err().to_string();
         assert!(err.contains("needs capabilities.wasi"), "{err}");
     }

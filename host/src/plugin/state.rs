@@ -1,21 +1,37 @@
-//! The data of one plugin's `Store`: its limits, its metric encoder and the implementation of
-//! the `cc:fleet/host` imports.
+//! The data of one plugin's `Store` and the host side of its imports, `cc:fleet/host` and
+//! `cc:fleet/files`.
+//!
+//! The imports are linked by hand rather than through the generated `Host` traits: the
+//! generated code copies every argument into host memory before the function runs, so a
+//! plugin's oversized `emit` or log line would be copied (or trap on wasmtime's host-call
+//! fuel) before any limit of ours could look at it. Here arguments arrive as views into the
+//! plugin's memory (`WasmList`, `WasmStr`): `emit` checks the number of points first and
+//! copies the points under a budget of its own, `log` checks the rate first and copies at
+//! most a capped message.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
-use wasmtime::component::ResourceTable;
+use ccfleet::untrusted::Untrusted;
+use wasmtime::StoreContextMut;
+use wasmtime::component::{Linker, ResourceTable, WasmList, WasmStr};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::cc::fleet::{host, types};
 use super::emit::Emitter;
 use super::events::{EventKind, EventSender, PluginEvent};
+use super::files::FileGrants;
 use super::limits::MemoryLimiter;
+use super::logs::{self, LogGate, MAX_LOG_MESSAGE};
 use super::sink::Batch;
 use crate::plugin::types::{Level, Point};
 
-/// Longest log message kept from a plugin; the rest is cut so a plugin cannot flood logs.
-const MAX_LOG_MESSAGE: usize = 4096;
+/// The version of the `cc:fleet` WIT package (`wit/fleet.wit`) the host implements.
+pub(crate) const WIT_VERSION: &str = "0.2.0";
+
+/// The message wasmtime gives when a host call copies more than its fuel allows.
+pub(crate) const HOSTCALL_FUEL_MESSAGE: &str = "fuel allocated for hostcalls has been exhausted";
+
 /// Everything a plugin's `Store` holds.
 pub(crate) struct HostState {
     pub plugin: Arc<str>,
@@ -23,6 +39,8 @@ pub(crate) struct HostState {
     pub limiter: MemoryLimiter,
     pub emitter: Emitter,
     pub events: EventSender,
+    pub logs: LogGate,
+    pub files: FileGrants,
     /// When the current call must end; checked on every epoch tick.
     pub deadline: Instant,
     pub table: ResourceTable,
@@ -38,69 +56,189 @@ impl HostState {
             kind,
         });
     }
-}
 
-impl types::Host for HostState {}
-
-impl host::Host for HostState {
-    fn log(&mut self, level: Level, mut message: String) -> wasmtime::Result<()> {
-        if message.len() > MAX_LOG_MESSAGE {
-            let mut cut = MAX_LOG_MESSAGE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-            message.push('…');
+    /// Reports lines the log gate dropped.
+    fn report_dropped(&self, count: u64) {
+        if count > 0 {
+            tracing::warn!(
+                plugin = &*self.plugin,
+                dropped = count,
+                "plugin log lines dropped over its rate limit"
+            );
+            self.event(EventKind::LogsDropped { count });
         }
+    }
+
+    fn write_log(&self, level: Level, message: String) {
         let plugin = &*self.plugin;
+        // `message` is capped already; the margin keeps the cap's own marker.
+        let text = Untrusted(&message).capped(MAX_LOG_MESSAGE + 32);
         match level {
-            Level::Trace => tracing::trace!(plugin, "{message}"),
-            Level::Debug => tracing::debug!(plugin, "{message}"),
-            Level::Info => tracing::info!(plugin, "{message}"),
-            Level::Warn => tracing::warn!(plugin, "{message}"),
-            Level::Error => tracing::error!(plugin, "{message}"),
+            Level::Trace => tracing::trace!(plugin, "{text}"),
+            Level::Debug => tracing::debug!(plugin, "{text}"),
+            Level::Info => tracing::info!(plugin, "{text}"),
+            Level::Warn => tracing::warn!(plugin, "{text}"),
+            Level::Error => tracing::error!(plugin, "{text}"),
         }
         self.event(EventKind::Log { level, message });
+    }
+
+    fn emit(&mut self, points: &[Point]) -> Result<(), String> {
+        let lines = self
+            .emitter
+            .encode(points, ccfleet::wire::now_ns())
+            .inspect_err(|_| self.emitter.sink.count_refused(points.len()))?;
+        let bytes = lines.len();
+        self.emitter
+            .sink
+            .try_send(Batch {
+                plugin: self.plugin.clone(),
+                lines: lines.into(),
+                points: points.len(),
+            })
+            .map_err(|e| e.to_string())?;
+        self.event(EventKind::Emitted {
+            points: points.len(),
+            bytes,
+        });
         Ok(())
     }
 
-    fn emit(&mut self, points: Vec<Point>) -> wasmtime::Result<Result<(), String>> {
-        let outcome = self
-            .emitter
-            .encode(&points, ccfleet::wire::now_ns())
-            .and_then(|lines| {
-                let bytes = lines.len();
-                self.emitter
-                    .sink
-                    .try_send(Batch {
-                        plugin: self.plugin.clone(),
-                        lines: lines.into(),
-                        points: points.len(),
-                    })
-                    .map(|()| bytes)
-                    .map_err(|e| e.to_string())
-            });
-        match outcome {
-            Ok(bytes) => {
-                self.event(EventKind::Emitted {
-                    points: points.len(),
-                    bytes,
-                });
-                Ok(Ok(()))
-            }
-            Err(reason) => {
-                tracing::warn!(plugin = &*self.plugin, "emit refused: {reason}");
-                self.event(EventKind::EmitRefused {
-                    reason: reason.clone(),
-                });
-                Ok(Err(reason))
+    fn emit_refused(&self, reason: String) -> String {
+        let admission = self.logs.admit();
+        self.report_dropped(admission.report_dropped);
+        if admission.admit {
+            tracing::warn!(
+                plugin = &*self.plugin,
+                "emit refused: {}",
+                Untrusted(&reason)
+            );
+        }
+        self.event(EventKind::EmitRefused {
+            reason: reason.clone(),
+        });
+        reason
+    }
+}
+
+/// Links `cc:fleet/types`, `cc:fleet/host` and `cc:fleet/files`.
+pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    linker.instance(&format!("cc:fleet/types@{WIT_VERSION}"))?;
+
+    let mut host = linker.instance(&format!("cc:fleet/host@{WIT_VERSION}"))?;
+    host.func_wrap(
+        "log",
+        |store: StoreContextMut<'_, HostState>, (level, message): (Level, WasmStr)| {
+            log(store, level, message);
+            Ok(())
+        },
+    )?;
+    host.func_wrap(
+        "emit",
+        |store: StoreContextMut<'_, HostState>, (points,): (WasmList<Point>,)| {
+            Ok((emit(store, points)?,))
+        },
+    )?;
+    host.func_wrap("now-ns", |_: StoreContextMut<'_, HostState>, (): ()| {
+        Ok((ccfleet::wire::now_ns(),))
+    })?;
+
+    let mut files = linker.instance(&format!("cc:fleet/files@{WIT_VERSION}"))?;
+    files.func_wrap(
+        "read",
+        |store: StoreContextMut<'_, HostState>, (path,): (WasmStr,)| {
+            let result = with_path(&store, &path, |grants, path| grants.read(path));
+            Ok((result,))
+        },
+    )?;
+    files.func_wrap(
+        "list-dir",
+        |store: StoreContextMut<'_, HostState>, (path,): (WasmStr,)| {
+            let result = with_path(&store, &path, |grants, path| grants.list(path));
+            Ok((result,))
+        },
+    )?;
+    Ok(())
+}
+
+fn log(mut store: StoreContextMut<'_, HostState>, level: Level, message: WasmStr) {
+    // The rate is checked before the message is even looked at.
+    let admission = store.data().logs.admit();
+    store.data().report_dropped(admission.report_dropped);
+    if !admission.admit {
+        return;
+    }
+    let text = match message.to_str(&store) {
+        Ok(text) => logs::cap(&text, MAX_LOG_MESSAGE),
+        Err(_) => "(a log message that is not valid UTF-8)".to_owned(),
+    };
+    store.data_mut().write_log(level, text);
+}
+
+fn emit(
+    mut store: StoreContextMut<'_, HostState>,
+    points: WasmList<Point>,
+) -> wasmtime::Result<Result<(), String>> {
+    if let Err(reason) = store.data().emitter.check_count(points.len()) {
+        store.data().emitter.sink.count_refused(points.len());
+        return Ok(Err(store.data().emit_refused(reason)));
+    }
+    // Copy the points under the batch's own budget: running out of it refuses the batch
+    // instead of trapping the plugin.
+    let call_fuel = store.hostcall_fuel();
+    store.set_hostcall_fuel(store.data().emitter.lift_budget());
+    let mut lifted = Vec::with_capacity(points.len());
+    let mut failure = None;
+    match points.iter(&mut store) {
+        Ok(iter) => {
+            for point in iter {
+                match point {
+                    Ok(point) => lifted.push(point),
+                    Err(error) => {
+                        failure = Some(error);
+                        break;
+                    }
+                }
             }
         }
+        Err(error) => failure = Some(error),
     }
+    store.set_hostcall_fuel(call_fuel);
+    if let Some(error) = failure {
+        if is_hostcall_fuel(&error) {
+            store.data().emitter.sink.count_refused(points.len());
+            let reason = store.data().emitter.too_large();
+            return Ok(Err(store.data().emit_refused(reason)));
+        }
+        // Anything else is a malformed call (bad UTF-8, an out-of-bounds list): a trap.
+        return Err(error);
+    }
+    let outcome = store.data_mut().emit(&lifted);
+    Ok(outcome.map_err(|reason| store.data().emit_refused(reason)))
+}
 
-    fn now_ns(&mut self) -> wasmtime::Result<i64> {
-        Ok(ccfleet::wire::now_ns())
+fn with_path<R>(
+    store: &StoreContextMut<'_, HostState>,
+    path: &WasmStr,
+    f: impl FnOnce(&FileGrants, &str) -> Result<R, String>,
+) -> Result<R, String> {
+    let path: Cow<'_, str> = match path.to_str(store) {
+        Ok(path) => path,
+        Err(_) => return Err("the path is not valid UTF-8".to_owned()),
+    };
+    if path.len() > super::files::MAX_PATH {
+        return Err("the path is too long".to_owned());
     }
+    // Copy the (short) path so the plugin's memory is not borrowed during file I/O.
+    let path = path.into_owned();
+    f(&store.data().files, &path)
+}
+
+/// Whether a wasmtime error is the host-call fuel running out.
+pub(crate) fn is_hostcall_fuel(error: &wasmtime::Error) -> bool {
+    error
+        .chain()
+        .any(|cause| cause.to_string().contains(HOSTCALL_FUEL_MESSAGE))
 }
 
 impl WasiView for HostState {

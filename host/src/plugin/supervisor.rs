@@ -6,6 +6,14 @@
 //! overrun drops the store; the task restarts the plugin after a backoff while its restart
 //! budget lasts (the budget is restored after a healthy period) and quarantines it otherwise,
 //! until its file changes.
+//!
+//! Replaying is what makes restarts safe, and also what could make a bad snapshot fatal: a
+//! plugin that traps on one roster would be replayed that roster after every restart until
+//! its budget is spent. So a snapshot that ended two instances in a row while being
+//! delivered is withheld from the plugin until a different one replaces it; the restart
+//! that follows the withholding costs no budget. A plugin quarantined by a snapshot (its
+//! budget spent before the second failure) gets one more try when that feed publishes a new
+//! snapshot.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,15 +21,20 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::time::{Interval, MissedTickBehavior};
 
+use ccfleet::untrusted::Untrusted;
+
 use super::engine::{FileStamp, LoadedPlugin, Runtime};
 use super::events::{EventKind, PluginEvent};
 use super::feeds::Feeds;
 use super::handle::{PluginHandle, PluginState, PluginStatus};
 use super::instance::{CallResult, Instance};
+use super::logs::{LogGate, MAX_ERROR_MESSAGE};
 use super::restart::{Decision, RestartPolicy};
 use super::sink::SinkHandle;
 use super::spec::PluginSpec;
+use super::stats::{CallOutcome, PluginStats};
 use crate::plugin::Failure;
+use crate::plugin::types::{ConfigUpdate, Instance as DiscoveredInstance, Provider};
 
 impl Runtime {
     /// Starts a supervised plugin: loads it, instantiates it, feeds it and restarts it on
@@ -41,6 +54,9 @@ fn spawn(runtime: Runtime, spec: PluginSpec, feeds: Feeds, sink: SinkHandle) -> 
         last_failure: None,
     });
     let (stop, stop_rx) = watch::channel(false);
+    let logs = LogGate::new(&spec.limits);
+    let stats = Arc::new(PluginStats::default());
+    let sink = sink.counted(stats.clone());
     let supervisor = Supervisor {
         policy: RestartPolicy::new(&spec.limits),
         runtime,
@@ -52,9 +68,32 @@ fn spawn(runtime: Runtime, spec: PluginSpec, feeds: Feeds, sink: SinkHandle) -> 
         status: status_tx,
         generation: 0,
         seen_stamp: None,
+        logs,
+        in_flight: None,
+        crashed_on: None,
+        withheld: Vec::new(),
+        stats: stats.clone(),
     };
     let task = tokio::spawn(supervisor.run());
-    PluginHandle::new(name, status, stop, task)
+    PluginHandle::new(name, status, stop, task, stats)
+}
+
+/// A snapshot as delivered to a plugin, compared by content.
+#[derive(Debug, Clone, PartialEq)]
+enum Snapshot {
+    Config(ConfigUpdate),
+    Roster(Arc<Vec<Provider>>),
+    Instances(Arc<Vec<DiscoveredInstance>>),
+}
+
+impl Snapshot {
+    fn call(&self) -> &'static str {
+        match self {
+            Snapshot::Config(_) => "on-config",
+            Snapshot::Roster(_) => "on-roster",
+            Snapshot::Instances(_) => "on-instances",
+        }
+    }
 }
 
 enum Exit {
@@ -68,6 +107,8 @@ enum Wake {
     Stop,
     Changed,
     Elapsed,
+    /// The feed whose snapshot ended the plugin published a new one.
+    Fed,
 }
 
 struct Supervisor {
@@ -83,6 +124,17 @@ struct Supervisor {
     /// The file version last looked at, so a file that failed to load is retried only once
     /// it changes again.
     seen_stamp: Option<FileStamp>,
+    /// The plugin's log budget, shared by all its instances.
+    logs: LogGate,
+    /// The snapshot being delivered right now.
+    in_flight: Option<Snapshot>,
+    /// The snapshot whose delivery ended the last instance, and how many instances in a row
+    /// it has ended.
+    crashed_on: Option<(Snapshot, u32)>,
+    /// Snapshots not delivered again until replaced (at most one per feed).
+    withheld: Vec<Snapshot>,
+    /// Calls, their outcomes and latency, for the agent's metrics.
+    stats: Arc<PluginStats>,
 }
 
 impl Supervisor {
@@ -124,16 +176,25 @@ impl Supervisor {
             self.generation += 1;
             let started = Instant::now();
             self.set_state(PluginState::Starting, None);
-            let exit = match Instance::start(
+            let begun = Instant::now();
+            let instance = Instance::start(
                 &self.runtime,
                 &current,
                 &self.spec,
                 self.name.clone(),
                 self.generation,
                 self.sink.clone(),
+                self.logs.clone(),
             )
-            .await
-            {
+            .await;
+            // Instantiation and `init` count as the `init` call.
+            let outcome = match &instance {
+                Ok(_) => CallOutcome::Ok,
+                Err(Failure::Init(_)) => CallOutcome::Error,
+                Err(_) => CallOutcome::Failed,
+            };
+            self.stats.record_call("init", outcome, begun.elapsed());
+            let exit = match instance {
                 Ok(mut instance) => {
                     tracing::info!(
                         plugin = &*self.name,
@@ -166,15 +227,25 @@ impl Supervisor {
                     self.event(EventKind::Crashed {
                         failure: failure.clone(),
                     });
-                    match self.policy.on_failure(started, Instant::now()) {
+                    let decision = if self.blame_snapshot(&failure) {
+                        // The cause is known and kept away: this restart is on the house.
+                        Decision::Restart {
+                            delay: self.spec.limits.restart_backoff,
+                            restarts: self.policy.restarts(),
+                        }
+                    } else {
+                        self.policy.on_failure(started, Instant::now())
+                    };
+                    match decision {
                         Decision::Restart { delay, restarts } => {
+                            self.stats.restarted();
                             self.set_state(PluginState::Backoff, Some(failure));
                             self.event(EventKind::Restarting { delay, restarts });
                             match self.wait_for_change(Some(delay)).await {
                                 Wake::Stop => break,
                                 // A new file version gets a fresh load and a fresh budget.
                                 Wake::Changed => self.policy.reset(),
-                                Wake::Elapsed => loaded = Some(current),
+                                Wake::Elapsed | Wake::Fed => loaded = Some(current),
                             }
                         }
                         Decision::Quarantine { restarts } => {
@@ -183,11 +254,15 @@ impl Supervisor {
                                 restarts,
                                 "plugin quarantined until its file changes"
                             );
+                            self.stats.quarantined();
                             self.set_state(PluginState::Quarantined, Some(failure));
                             self.event(EventKind::Quarantined { restarts });
-                            match self.wait_for_change(None).await {
+                            match self.wait_in_quarantine().await {
                                 Wake::Stop => break,
                                 Wake::Changed | Wake::Elapsed => self.policy.reset(),
+                                // One more try with the new snapshot, still without budget:
+                                // failing again quarantines it again.
+                                Wake::Fed => loaded = Some(current),
                             }
                         }
                     }
@@ -245,24 +320,137 @@ impl Supervisor {
         }
     }
 
+    /// Waits in quarantine until the file changes or the plugin is stopped; when a snapshot
+    /// ended the plugin, also until its feed publishes a new one, so a plugin is never
+    /// quarantined for good by a snapshot that has since been replaced.
+    async fn wait_in_quarantine(&mut self) -> Wake {
+        let feed = self
+            .crashed_on
+            .as_ref()
+            .map(|(snapshot, _)| snapshot.call());
+        let mut check = watch_interval(self.runtime.options().watch_interval);
+        loop {
+            tokio::select! {
+                _ = self.stop.changed() => return Wake::Stop,
+                Ok(()) = self.feeds.config.changed(), if feed == Some("on-config") => return Wake::Fed,
+                Ok(()) = self.feeds.roster.changed(), if feed == Some("on-roster") => return Wake::Fed,
+                Ok(()) = self.feeds.instances.changed(), if feed == Some("on-instances") => {
+                    return Wake::Fed;
+                }
+                _ = check.tick() => {
+                    let stamp = FileStamp::of(&self.spec.path);
+                    if stamp != self.seen_stamp {
+                        return Wake::Changed;
+                    }
+                }
+            }
+        }
+    }
+
     /// Turns a call result into the supervisor's view: plugin errors are logged and
     /// survived, failures end the instance.
-    fn settle(&self, call: &'static str, result: CallResult) -> Result<bool, Failure> {
-        match result? {
+    fn settle(
+        &mut self,
+        call: &'static str,
+        begun: Instant,
+        result: CallResult,
+    ) -> Result<bool, Failure> {
+        let outcome = match &result {
+            Ok(Ok(())) => CallOutcome::Ok,
+            Ok(Err(_)) => CallOutcome::Error,
+            Err(_) => CallOutcome::Failed,
+        };
+        self.stats.record_call(call, outcome, begun.elapsed());
+        let result = result?;
+        // Survived: whatever was in flight did not end the instance.
+        self.in_flight = None;
+        match result {
             Ok(()) => Ok(true),
             Err(message) => {
-                tracing::warn!(plugin = &*self.name, call, "plugin call failed: {message}");
+                // The message is capped already; the rate limit is the plugin's log budget.
+                let admission = self.logs.admit();
+                if admission.report_dropped > 0 {
+                    tracing::warn!(
+                        plugin = &*self.name,
+                        dropped = admission.report_dropped,
+                        "plugin log lines dropped over its rate limit"
+                    );
+                    self.event(EventKind::LogsDropped {
+                        count: admission.report_dropped,
+                    });
+                }
+                if admission.admit {
+                    tracing::warn!(
+                        plugin = &*self.name,
+                        call,
+                        "plugin call failed: {}",
+                        Untrusted(&message).capped(MAX_ERROR_MESSAGE + 32)
+                    );
+                }
                 self.event(EventKind::CallFailed { call, message });
                 Ok(false)
             }
         }
     }
 
+    /// Whether `snapshot` is to be delivered; a replaced withheld snapshot is forgotten.
+    fn may_deliver(&mut self, snapshot: &Snapshot) -> bool {
+        let same_feed =
+            |s: &Snapshot| std::mem::discriminant(s) == std::mem::discriminant(snapshot);
+        match self.withheld.iter().position(same_feed) {
+            Some(i) if self.withheld[i] == *snapshot => false,
+            Some(i) => {
+                self.withheld.remove(i);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Records which snapshot was being delivered when the instance failed. Returns whether
+    /// it is now withheld (it ended two instances in a row).
+    fn blame_snapshot(&mut self, failure: &Failure) -> bool {
+        let Some(snapshot) = self.in_flight.take() else {
+            self.crashed_on = None;
+            return false;
+        };
+        if failure.call() != Some(snapshot.call()) {
+            self.crashed_on = None;
+            return false;
+        }
+        let count = match &self.crashed_on {
+            Some((previous, count)) if *previous == snapshot => count + 1,
+            _ => 1,
+        };
+        if count < 2 {
+            self.crashed_on = Some((snapshot, count));
+            return false;
+        }
+        self.crashed_on = None;
+        let call = snapshot.call();
+        tracing::warn!(
+            plugin = &*self.name,
+            call,
+            "a snapshot ended the plugin twice in a row; it is withheld until replaced"
+        );
+        self.event(EventKind::SnapshotWithheld { call });
+        self.withheld
+            .retain(|s| std::mem::discriminant(s) != std::mem::discriminant(&snapshot));
+        self.withheld.push(snapshot);
+        true
+    }
+
     async fn deliver_config(&mut self, instance: &mut Instance) -> Result<(), Failure> {
         let update = self.feeds.config.borrow_and_update().clone();
         if let Some(update) = update {
+            let snapshot = Snapshot::Config(update.clone());
+            if !self.may_deliver(&snapshot) {
+                return Ok(());
+            }
+            self.in_flight = Some(snapshot);
+            let begun = Instant::now();
             let result = instance.on_config(&update).await;
-            if self.settle("on-config", result)? {
+            if self.settle("on-config", begun, result)? {
                 self.event(EventKind::ConfigDelivered {
                     revision: update.revision,
                 });
@@ -274,8 +462,14 @@ impl Supervisor {
     async fn deliver_roster(&mut self, instance: &mut Instance) -> Result<(), Failure> {
         let roster = self.feeds.roster.borrow_and_update().clone();
         if let Some(roster) = roster {
+            let snapshot = Snapshot::Roster(roster.clone());
+            if !self.may_deliver(&snapshot) {
+                return Ok(());
+            }
+            self.in_flight = Some(snapshot);
+            let begun = Instant::now();
             let result = instance.on_roster(&roster).await;
-            if self.settle("on-roster", result)? {
+            if self.settle("on-roster", begun, result)? {
                 self.event(EventKind::RosterDelivered {
                     providers: roster.len(),
                 });
@@ -287,8 +481,14 @@ impl Supervisor {
     async fn deliver_instances(&mut self, instance: &mut Instance) -> Result<(), Failure> {
         let instances = self.feeds.instances.borrow_and_update().clone();
         if let Some(instances) = instances {
+            let snapshot = Snapshot::Instances(instances.clone());
+            if !self.may_deliver(&snapshot) {
+                return Ok(());
+            }
+            self.in_flight = Some(snapshot);
+            let begun = Instant::now();
             let result = instance.on_instances(&instances).await;
-            if self.settle("on-instances", result)? {
+            if self.settle("on-instances", begun, result)? {
                 self.event(EventKind::InstancesDelivered {
                     instances: instances.len(),
                 });
@@ -339,8 +539,9 @@ impl Supervisor {
                     Err(_) => instances_open = false,
                 },
                 _ = tick(&mut collect) => {
+                    let begun = Instant::now();
                     let result = instance.collect(ccfleet::wire::now_ns()).await;
-                    self.settle("collect", result)?;
+                    self.settle("collect", begun, result)?;
                 }
                 _ = check.tick() => {
                     let stamp = FileStamp::of(&self.spec.path);

@@ -1,5 +1,6 @@
 //! A hostile test plugin: it logs the snapshots it is given (so a test can see them replayed
-//! after a restart) and then traps on every `collect`.
+//! after a restart) and then traps on every `collect`. A roster naming a host `poison`
+//! traps `on-roster`.
 #![no_std]
 
 extern crate alloc;
@@ -21,6 +22,9 @@ impl Plugin for Trap {
     }
 
     fn on_roster(&mut self, providers: Vec<Provider>) -> Result<(), String> {
+        if providers.iter().any(|p| p.hostname == "poison") {
+            panic!("a poisoned roster");
+        }
         log!(Level::Info, "roster: {} providers", providers.len());
         Ok(())
     }

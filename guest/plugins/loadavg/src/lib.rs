@@ -2,14 +2,23 @@
 //! `load_fifteen` in cc-metric-store's shape (`value` field, tags `hostname`, `type=node` and,
 //! when known, `cluster`).
 //!
-//! It needs WASI with the host's `/proc` granted read-only. Its own configuration
-//! (`init`) may set `hostname`, `cluster` and `path` (default `/proc/loadavg`); without a
-//! hostname it reads `/proc/sys/kernel/hostname`. The service configuration may carry
-//! `{"loadavg": {"tags": {"rack": "r1"}}}`: extra tags added to every point, applied live.
+//! It reads through the agent's `cc:fleet/files` interface and needs no WASI: grant it
+//! `"capabilities": {"read-files": ["/proc/loadavg", "/proc/sys/kernel/hostname"]}`. Its own
+//! configuration (`init`) may set `hostname`, `cluster` and `path` (default `/proc/loadavg`);
+//! without a hostname it reads `/proc/sys/kernel/hostname`. The service configuration may
+//! carry `{"loadavg": {"tags": {"rack": "r1"}}}`: extra tags added to every point, applied
+//! live.
+#![no_std]
 
-use std::collections::BTreeMap;
+extern crate alloc;
 
-use ccfleet_guest::{ConfigUpdate, FieldValue, Level, Plugin, Point, emit, log};
+use alloc::borrow::ToOwned;
+use alloc::collections::BTreeMap;
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+use ccfleet_guest::{ConfigUpdate, FieldValue, Level, Plugin, Point, emit, log, read_to_string};
 use serde_json::Value;
 
 const METRICS: [&str; 3] = ["load_one", "load_five", "load_fifteen"];
@@ -51,7 +60,7 @@ impl Plugin for LoadAvg {
         let path = string_key(&config, "path")?.unwrap_or_else(|| "/proc/loadavg".to_owned());
         let hostname = match string_key(&config, "hostname")? {
             Some(name) => name,
-            None => match std::fs::read_to_string("/proc/sys/kernel/hostname") {
+            None => match read_to_string("/proc/sys/kernel/hostname") {
                 Ok(name) => name.trim().to_owned(),
                 Err(e) => {
                     log!(
@@ -104,7 +113,7 @@ impl Plugin for LoadAvg {
     }
 
     fn collect(&mut self, now_ns: i64) -> Result<(), String> {
-        let text = std::fs::read_to_string(&self.path)
+        let text = read_to_string(&self.path)
             .map_err(|e| format!("loadavg: cannot read {}: {e}", self.path))?;
         let values = parse_loadavg(&text)?;
         let points: Vec<Point> = METRICS

@@ -1,0 +1,430 @@
+//! The agent's optional monitoring listener (`metrics-addr`): `GET /metrics` in the
+//! Prometheus text format and `GET /healthz`.
+//!
+//! Everything shown is about this agent's own work: plugin states, restarts, quarantines,
+//! calls and their latency, points emitted and dropped, the metric output, the fleet and NATS
+//! connections and the configuration revision. Nothing secret is shown: no instance id, no
+//! token, no NATS address or credentials; plugin names come from the agent's own
+//! configuration and the revision is escaped and capped.
+
+use std::fmt::Write;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use ccfleet::client::{self, Client};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::plugin::sink::SinkStats;
+use crate::plugin::stats::{CALLS, LATENCY_BUCKETS};
+use crate::plugin::{PluginState, PluginStats, PluginStatus};
+
+/// The content type of the Prometheus text format.
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Longest configuration revision shown; a longer one is cut (it comes from cc-backend).
+const MAX_REVISION: usize = 128;
+
+/// Every plugin state, in the order the `state` label lists them.
+const STATES: [(PluginState, &str); 6] = [
+    (PluginState::Starting, "starting"),
+    (PluginState::Running, "running"),
+    (PluginState::Backoff, "backoff"),
+    (PluginState::Quarantined, "quarantined"),
+    (PluginState::LoadFailed, "load_failed"),
+    (PluginState::Stopped, "stopped"),
+];
+
+/// The configuration the plugins run with now.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConfigState {
+    pub revision: String,
+    pub source: client::Source,
+}
+
+/// One plugin as the listener sees it.
+pub(crate) struct ObservedPlugin {
+    pub name: Arc<str>,
+    pub status: watch::Receiver<PluginStatus>,
+    pub stats: Arc<PluginStats>,
+}
+
+/// What the listener reads; all of it is shared with the running agent.
+pub(crate) struct Observed {
+    pub plugins: Vec<ObservedPlugin>,
+    pub sink: Arc<SinkStats>,
+    /// `nats` or `stdout`.
+    pub sink_kind: &'static str,
+    pub client: Client,
+    pub nats: Option<async_nats::Client>,
+    pub config: watch::Receiver<ConfigState>,
+}
+
+/// Escapes a Prometheus label value (backslash, quote, newline).
+fn label(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn cap(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+impl Observed {
+    fn nats_connected(&self) -> Option<bool> {
+        self.nats
+            .as_ref()
+            .map(|c| c.connection_state() == async_nats::connection::State::Connected)
+    }
+
+    /// The Prometheus text exposition (version 0.0.4).
+    pub(crate) fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        header(
+            &mut out,
+            "ccfleet_build_info",
+            "gauge",
+            "The running ccfleet build (always 1).",
+        );
+        let _ = writeln!(
+            out,
+            "ccfleet_build_info{{component=\"agent\",version=\"{}\"}} 1",
+            label(env!("CARGO_PKG_VERSION"))
+        );
+
+        let statuses: Vec<(String, PluginStatus)> = self
+            .plugins
+            .iter()
+            .map(|p| (label(&p.name), p.status.borrow().clone()))
+            .collect();
+        let stats: Vec<_> = self.plugins.iter().map(|p| p.stats.snapshot()).collect();
+
+        header(
+            &mut out,
+            "ccfleet_agent_plugin_state",
+            "gauge",
+            "1 for the state each plugin is in, 0 for the others.",
+        );
+        for (name, status) in &statuses {
+            for (state, state_name) in STATES {
+                let _ = writeln!(
+                    out,
+                    "ccfleet_agent_plugin_state{{plugin=\"{name}\",state=\"{state_name}\"}} {}",
+                    u8::from(status.state == state)
+                );
+            }
+        }
+        header(
+            &mut out,
+            "ccfleet_agent_plugin_generation",
+            "gauge",
+            "The plugin's current instantiation, counted from 1.",
+        );
+        for (name, status) in &statuses {
+            let _ = writeln!(
+                out,
+                "ccfleet_agent_plugin_generation{{plugin=\"{name}\"}} {}",
+                status.generation
+            );
+        }
+        let per_plugin =
+            |out: &mut String, metric: &str, help: &str, value: &dyn Fn(usize) -> u64| {
+                header(out, metric, "counter", help);
+                for (i, (name, _)) in statuses.iter().enumerate() {
+                    let _ = writeln!(out, "{metric}{{plugin=\"{name}\"}} {}", value(i));
+                }
+            };
+        per_plugin(
+            &mut out,
+            "ccfleet_agent_plugin_restarts_total",
+            "Restarts of the plugin after a failure.",
+            &|i| stats[i].restarts,
+        );
+        per_plugin(
+            &mut out,
+            "ccfleet_agent_plugin_quarantines_total",
+            "Times the plugin spent its restart budget and was quarantined.",
+            &|i| stats[i].quarantines,
+        );
+        per_plugin(
+            &mut out,
+            "ccfleet_agent_points_emitted_total",
+            "Points the plugin emitted that were handed to the metric output.",
+            &|i| stats[i].points_emitted,
+        );
+
+        header(
+            &mut out,
+            "ccfleet_agent_points_dropped_total",
+            "counter",
+            "Points the plugin emitted that were dropped: refused (malformed or over its limits), \
+             sink_full (the output fell behind), sink_closed (the output had stopped).",
+        );
+        for (i, (name, _)) in statuses.iter().enumerate() {
+            for (reason, n) in [
+                ("refused", stats[i].points_refused),
+                ("sink_full", stats[i].points_sink_full),
+                ("sink_closed", stats[i].points_sink_closed),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "ccfleet_agent_points_dropped_total{{plugin=\"{name}\",reason=\"{reason}\"}} {n}"
+                );
+            }
+        }
+
+        header(
+            &mut out,
+            "ccfleet_agent_plugin_calls_total",
+            "counter",
+            "Calls into the plugin by function and result: ok, error (the plugin's own error, \
+             survived), failed (trap, deadline or memory limit; the instance was dropped).",
+        );
+        for (i, (name, _)) in statuses.iter().enumerate() {
+            for (call, snap) in CALLS.iter().zip(&stats[i].calls) {
+                for (result, n) in [
+                    ("ok", snap.ok),
+                    ("error", snap.error),
+                    ("failed", snap.failed),
+                ] {
+                    let _ = writeln!(
+                        out,
+                        "ccfleet_agent_plugin_calls_total{{plugin=\"{name}\",call=\"{call}\",result=\"{result}\"}} {n}"
+                    );
+                }
+            }
+        }
+        header(
+            &mut out,
+            "ccfleet_agent_plugin_call_duration_seconds",
+            "histogram",
+            "How long calls into the plugin took (init includes instantiation).",
+        );
+        for (i, (name, _)) in statuses.iter().enumerate() {
+            for (call, snap) in CALLS.iter().zip(&stats[i].calls) {
+                let labels = format!("plugin=\"{name}\",call=\"{call}\"");
+                let mut cumulative = 0;
+                for (bound, n) in LATENCY_BUCKETS.iter().zip(&snap.buckets) {
+                    cumulative += n;
+                    let _ = writeln!(
+                        out,
+                        "ccfleet_agent_plugin_call_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
+                    );
+                }
+                // The count is the sum of the buckets, so the two always agree.
+                cumulative += snap.buckets.last().copied().unwrap_or(0);
+                let _ = writeln!(
+                    out,
+                    "ccfleet_agent_plugin_call_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {cumulative}\n\
+                     ccfleet_agent_plugin_call_duration_seconds_sum{{{labels}}} {}\n\
+                     ccfleet_agent_plugin_call_duration_seconds_count{{{labels}}} {cumulative}",
+                    snap.seconds
+                );
+            }
+        }
+
+        let sink = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let kind = self.sink_kind;
+        let _ = write!(
+            out,
+            "# HELP ccfleet_agent_sink_batches_total Batches of points written to the metric output.\n\
+             # TYPE ccfleet_agent_sink_batches_total counter\n\
+             ccfleet_agent_sink_batches_total{{sink=\"{kind}\"}} {}\n\
+             # HELP ccfleet_agent_sink_points_total Points written to the metric output.\n\
+             # TYPE ccfleet_agent_sink_points_total counter\n\
+             ccfleet_agent_sink_points_total{{sink=\"{kind}\"}} {}\n\
+             # HELP ccfleet_agent_sink_errors_total Batches the metric output could not write.\n\
+             # TYPE ccfleet_agent_sink_errors_total counter\n\
+             ccfleet_agent_sink_errors_total{{sink=\"{kind}\"}} {}\n\
+             # HELP ccfleet_agent_sink_points_lost_total Points in the batches the metric output could not write.\n\
+             # TYPE ccfleet_agent_sink_points_lost_total counter\n\
+             ccfleet_agent_sink_points_lost_total{{sink=\"{kind}\"}} {}\n",
+            sink(&self.sink.batches),
+            sink(&self.sink.points),
+            sink(&self.sink.errors),
+            sink(&self.sink.points_lost),
+        );
+
+        let _ = write!(
+            out,
+            "# HELP ccfleet_agent_fleet_registered 1 while the agent holds an instance id from cc-backend.\n\
+             # TYPE ccfleet_agent_fleet_registered gauge\n\
+             ccfleet_agent_fleet_registered {}\n",
+            u8::from(self.client.registered())
+        );
+        let _ = write!(
+            out,
+            "# HELP ccfleet_agent_fleet_operations_failing Fleet operations (register, heartbeat, config, subscribe) failing now; 0 while cc-backend answers.\n\
+             # TYPE ccfleet_agent_fleet_operations_failing gauge\n\
+             ccfleet_agent_fleet_operations_failing {}\n",
+            self.client.failing_operations()
+        );
+        if let Some(connected) = self.nats_connected() {
+            let _ = write!(
+                out,
+                "# HELP ccfleet_agent_nats_connected 1 while the NATS connection is up.\n\
+                 # TYPE ccfleet_agent_nats_connected gauge\n\
+                 ccfleet_agent_nats_connected {}\n",
+                u8::from(connected)
+            );
+        }
+        let rosters = self.client.roster_stats();
+        header(
+            &mut out,
+            "ccfleet_agent_rosters_total",
+            "counter",
+            "Discovery rosters received, by result.",
+        );
+        for (result, n) in [
+            ("accepted", rosters.accepted),
+            ("too_large", rosters.too_large),
+            ("too_many_providers", rosters.too_many_providers),
+            ("bad_signature", rosters.bad_signature),
+            ("stale", rosters.stale),
+            ("malformed", rosters.malformed),
+        ] {
+            let _ = writeln!(
+                out,
+                "ccfleet_agent_rosters_total{{result=\"{result}\"}} {n}"
+            );
+        }
+        let config = self.config.borrow().clone();
+        let _ = write!(
+            out,
+            "# HELP ccfleet_agent_config_info The configuration the plugins run with: its revision and where it came from (fleet, cache or none).\n\
+             # TYPE ccfleet_agent_config_info gauge\n\
+             ccfleet_agent_config_info{{revision=\"{}\",source=\"{}\"}} 1\n",
+            label(cap(&config.revision, MAX_REVISION)),
+            config.source.as_str()
+        );
+        out
+    }
+
+    /// `/healthz`: 200 when everything is up, else 503; the body names each part's state.
+    pub(crate) fn health(&self) -> (StatusCode, String) {
+        let mut body = String::new();
+        let mut healthy = true;
+        if let Some(connected) = self.nats_connected() {
+            healthy &= connected;
+            let _ = writeln!(
+                body,
+                "nats: {}",
+                if connected {
+                    "connected"
+                } else {
+                    "disconnected"
+                }
+            );
+        }
+        let _ = write!(
+            body,
+            "fleet: {}",
+            if self.client.registered() {
+                "registered"
+            } else {
+                "not registered"
+            }
+        );
+        // cc-backend being away is no failure of the agent: it runs from its configuration.
+        match self.client.failing_operations() {
+            0 => body.push('\n'),
+            n => {
+                let _ = writeln!(body, ", {n} operation(s) failing");
+            }
+        }
+        for plugin in &self.plugins {
+            let state = plugin.status.borrow().state;
+            let down = matches!(state, PluginState::Quarantined | PluginState::LoadFailed);
+            healthy &= !down;
+            let name = STATES
+                .iter()
+                .find(|(s, _)| *s == state)
+                .map_or("unknown", |(_, n)| n);
+            let _ = writeln!(body, "plugin {}: {name}", plugin.name);
+        }
+        if healthy {
+            (StatusCode::OK, format!("ok\n{body}"))
+        } else {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("unhealthy\n{body}"),
+            )
+        }
+    }
+}
+
+async fn metrics(State(observed): State<Arc<Observed>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, TEXT_FORMAT)], observed.render())
+}
+
+async fn healthz(State(observed): State<Arc<Observed>>) -> impl IntoResponse {
+    let (status, body) = observed.health();
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+}
+
+/// Serves `/metrics` and `/healthz` on `listener` until the task is aborted.
+pub(crate) fn serve(listener: TcpListener, observed: Arc<Observed>) -> JoinHandle<()> {
+    let router = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(observed);
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).await {
+            tracing::error!(%error, "the metrics listener failed");
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_revision_with_quotes_backslashes_and_newlines_stays_one_label() {
+        let revision = "r\"7\\\nx";
+        let line = format!(
+            "ccfleet_agent_config_info{{revision=\"{}\",source=\"fleet\"}} 1",
+            label(revision)
+        );
+        assert_eq!(line.lines().count(), 1);
+        let scrape = prometheus_parse::Scrape::parse(std::iter::once(Ok(line))).unwrap();
+        assert_eq!(scrape.samples.len(), 1);
+        assert_eq!(scrape.samples[0].labels.get("source"), Some("fleet"));
+    }
+
+    #[test]
+    fn a_long_revision_is_cut_on_a_character_boundary() {
+        let long = "é".repeat(100);
+        let cut = cap(&long, MAX_REVISION);
+        assert!(cut.len() <= MAX_REVISION && cut.chars().all(|c| c == 'é'));
+        assert_eq!(cap("7", MAX_REVISION), "7");
+    }
+}

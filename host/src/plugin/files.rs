@@ -1,0 +1,496 @@
+//! Read-only host files for collector plugins: the host side of `cc:fleet/files`.
+//!
+//! A plugin names what it may read in `capabilities.read-files`: exact paths or patterns in
+//! which `*` matches within one name and a whole `**` component matches any depth
+//! (`/sys/class/hwmon/**`). The host resolves every request itself, so no grant can reach
+//! the agent's own process:
+//!
+//! - a path must be absolute and plain: no `.` or `..` components, no NUL, at most
+//!   [`MAX_PATH`] bytes;
+//! - the per-process entries of `/proc` (`/proc/self`, `/proc/thread-self`, `/proc/<pid>`
+//!   for every process and every thread), the kernel's memory and log files in `/proc` and
+//!   all of `/dev` are refused whatever the grant ([`denied`]);
+//! - symbolic links are resolved on the host and the result checked again: it must stay
+//!   under the file root, in the same top-level tree as the path asked for (`/sys` stays in
+//!   `/sys`), and must not be refused. The one per-process place reachable is the network
+//!   view behind `/proc/net` (`/proc/<pid>/net/...`), and only through `/proc/net`;
+//! - the resolved file is opened without following links, without blocking, and the opened
+//!   descriptor is checked to be that very file (a link swapped in between is caught) and a
+//!   regular file (or a directory, for listing);
+//! - at most `limits.max-file-bytes` bytes are returned.
+//!
+//! `capabilities.files-root` (default `/`) puts the whole view under another directory, for
+//! fixtures: the plugin still asks for `/proc/stat` and gets `<root>/proc/stat`.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use ccfleet::untrusted::Untrusted;
+
+/// The longest path a plugin may ask for, in bytes.
+pub const MAX_PATH: usize = 4096;
+
+/// The most names one `list` returns.
+pub const MAX_LIST_ENTRIES: usize = 65_536;
+
+/// Entries of `/proc` that expose kernel memory or its layout, or consume the kernel log.
+const KERNEL_ENTRIES: [&str; 7] = [
+    "kallsyms",
+    "kcore",
+    "kmsg",
+    "kpagecount",
+    "kpageflags",
+    "kpagecgroup",
+    "sysrq-trigger",
+];
+
+/// One component of a grant pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    /// `**`: any number of components, including none.
+    Deep,
+    /// A name, possibly with `*` wildcards.
+    Name(String),
+}
+
+/// A parsed `capabilities.read-files` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pattern {
+    parts: Vec<Part>,
+}
+
+impl Pattern {
+    /// Parses a pattern: absolute, plain components, `**` only as a whole component.
+    pub fn parse(text: &str) -> Result<Pattern, String> {
+        let names = plain_components(text)
+            .map_err(|why| format!("read-files entry {}: {why}", Untrusted(text)))?;
+        let mut parts = Vec::with_capacity(names.len());
+        for name in names {
+            if name == "**" {
+                parts.push(Part::Deep);
+            } else if name.contains("**") {
+                return Err(format!(
+                    "read-files entry {}: `**` must be a whole path component",
+                    Untrusted(text)
+                ));
+            } else {
+                parts.push(Part::Name(name.to_owned()));
+            }
+        }
+        // A pattern without wildcards that is refused anyway is a configuration mistake.
+        if parts
+            .iter()
+            .all(|p| matches!(p, Part::Name(n) if !n.contains('*')))
+        {
+            let names: Vec<&str> = parts
+                .iter()
+                .map(|p| match p {
+                    Part::Name(n) => n.as_str(),
+                    Part::Deep => "**",
+                })
+                .collect();
+            if let Some(why) = denied(&names, false) {
+                return Err(format!("read-files entry {}: {why}", Untrusted(text)));
+            }
+        }
+        Ok(Pattern { parts })
+    }
+
+    /// Whether the pattern matches the whole path.
+    fn matches(&self, path: &[&str]) -> bool {
+        match_parts(&self.parts, path, false)
+    }
+
+    /// Whether the pattern matches something strictly below the directory `path`.
+    fn leads_below(&self, path: &[&str]) -> bool {
+        match_parts(&self.parts, path, true)
+    }
+}
+
+fn match_parts(parts: &[Part], path: &[&str], below: bool) -> bool {
+    match (parts.split_first(), path.split_first()) {
+        // The path is used up: a file matches if only `**` remain; a directory leads to
+        // matches if anything remains.
+        (None, None) => !below,
+        (Some(_), None) => below || parts.iter().all(|p| *p == Part::Deep),
+        (None, Some(_)) => false,
+        (Some((Part::Deep, rest)), Some((_, tail))) => {
+            match_parts(rest, path, below) || match_parts(parts, tail, below)
+        }
+        (Some((Part::Name(name), rest)), Some((head, tail))) => {
+            glob(name, head) && match_parts(rest, tail, below)
+        }
+    }
+}
+
+/// `*` matches any run of characters within one name.
+fn glob(pattern: &str, name: &str) -> bool {
+    let mut pieces = pattern.split('*');
+    let first = pieces.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let pieces: Vec<&str> = pieces.collect();
+    let Some((last, middle)) = pieces.split_last() else {
+        return rest.is_empty();
+    };
+    for piece in middle {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// The components of an absolute, plain path; empty components (`//`, a trailing `/`) are
+/// skipped.
+fn plain_components(path: &str) -> Result<Vec<&str>, &'static str> {
+    if path.len() > MAX_PATH {
+        return Err("the path is too long");
+    }
+    if path.contains('\0') {
+        return Err("the path contains NUL");
+    }
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err("the path must be absolute");
+    };
+    let mut names = Vec::new();
+    for name in rest.split('/') {
+        match name {
+            "" => {}
+            "." | ".." => return Err("`.` and `..` are not allowed in paths"),
+            name => names.push(name),
+        }
+    }
+    Ok(names)
+}
+
+/// Why a path (as components under the file root) is never readable, if it is not.
+/// `via_proc_net` admits the per-process network view that `/proc/net` links to.
+pub(crate) fn denied(path: &[&str], via_proc_net: bool) -> Option<&'static str> {
+    match path {
+        ["dev", ..] => Some("device files are never readable by plugins"),
+        ["proc", entry, rest @ ..] => {
+            let per_process = *entry == "self"
+                || *entry == "thread-self"
+                || (!entry.is_empty() && entry.bytes().all(|b| b.is_ascii_digit()));
+            if per_process {
+                if via_proc_net && rest.first() == Some(&"net") {
+                    None
+                } else {
+                    Some("the per-process entries of /proc are never readable by plugins")
+                }
+            } else if KERNEL_ENTRIES.contains(entry) {
+                Some("kernel memory and log entries of /proc are never readable by plugins")
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The files one plugin may read.
+#[derive(Debug, Clone)]
+pub struct FileGrants {
+    patterns: Vec<Pattern>,
+    root: PathBuf,
+    max_bytes: usize,
+}
+
+/// What an opened path must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    Dir,
+}
+
+impl FileGrants {
+    /// Grants `patterns` under `root` (canonicalized here; `/` when `None`), returning at
+    /// most `max_bytes` per file.
+    pub fn new(
+        patterns: &[String],
+        root: Option<&Path>,
+        max_bytes: usize,
+    ) -> Result<FileGrants, String> {
+        let patterns = patterns
+            .iter()
+            .map(|p| Pattern::parse(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let root = root.unwrap_or(Path::new("/"));
+        let root = std::fs::canonicalize(root)
+            .map_err(|e| format!("files-root {}: {e}", root.display()))?;
+        let names = path_names(&root)
+            .ok_or_else(|| format!("files-root {} is not UTF-8", root.display()))?;
+        if matches!(names.first(), Some(&("proc" | "sys" | "dev"))) {
+            return Err(format!(
+                "files-root {} lies in /proc, /sys or /dev; give a directory of fixtures",
+                root.display()
+            ));
+        }
+        Ok(FileGrants {
+            patterns,
+            root,
+            max_bytes,
+        })
+    }
+
+    /// Nothing granted.
+    pub fn none() -> FileGrants {
+        FileGrants {
+            patterns: Vec::new(),
+            root: PathBuf::from("/"),
+            max_bytes: 0,
+        }
+    }
+
+    /// Reads a whole granted file. The error is the message the plugin sees.
+    pub fn read(&self, path: &str) -> Result<Vec<u8>, String> {
+        let names = self.check(path, Kind::File)?;
+        let file = self.open(path, &names, Kind::File)?;
+        let mut bytes = Vec::new();
+        file.take(self.max_bytes as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("{}: {e}", Untrusted(path)))?;
+        if bytes.len() > self.max_bytes {
+            return Err(format!(
+                "{} is larger than this plugin's limit of {} bytes",
+                Untrusted(path),
+                self.max_bytes
+            ));
+        }
+        Ok(bytes)
+    }
+
+    /// The names in a directory that are granted or lead to granted files, sorted.
+    pub fn list(&self, path: &str) -> Result<Vec<String>, String> {
+        let names = self.check(path, Kind::Dir)?;
+        let dir = self.open(path, &names, Kind::Dir)?;
+        let entries =
+            std::fs::read_dir(fd_path(&dir)).map_err(|e| format!("{}: {e}", Untrusted(path)))?;
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("{}: {e}", Untrusted(path)))?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let mut child = names.clone();
+            child.push(&name);
+            let visible = denied(&child, false).is_none()
+                && self
+                    .patterns
+                    .iter()
+                    .any(|p| p.matches(&child) || p.leads_below(&child));
+            drop(child);
+            if visible {
+                if out.len() == MAX_LIST_ENTRIES {
+                    return Err(format!(
+                        "{} holds more than {MAX_LIST_ENTRIES} entries",
+                        Untrusted(path)
+                    ));
+                }
+                out.push(name);
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Checks the path as asked for: plain, not refused, granted.
+    fn check<'p>(&self, path: &'p str, kind: Kind) -> Result<Vec<&'p str>, String> {
+        let names = plain_components(path).map_err(|why| format!("{}: {why}", Untrusted(path)))?;
+        if let Some(why) = denied(&names, false) {
+            return Err(format!("{}: {why}", Untrusted(path)));
+        }
+        let granted = self.patterns.iter().any(|p| match kind {
+            Kind::File => p.matches(&names),
+            Kind::Dir => p.leads_below(&names),
+        });
+        if !granted {
+            return Err(format!(
+                "{} is not granted to this plugin (capabilities.read-files)",
+                Untrusted(path)
+            ));
+        }
+        Ok(names)
+    }
+
+    /// Resolves the path under the root, checks where it really leads and opens that.
+    fn open(&self, path: &str, names: &[&str], kind: Kind) -> Result<File, String> {
+        let fail = |why: &dyn std::fmt::Display| format!("{}: {why}", Untrusted(path));
+        let mut host = self.root.clone();
+        host.extend(names);
+        let real = std::fs::canonicalize(&host).map_err(|e| fail(&e))?;
+        let inside = real
+            .strip_prefix(&self.root)
+            .map_err(|_| fail(&"leads outside the plugin's file root"))?;
+        let real_names =
+            path_names(inside).ok_or_else(|| fail(&"leads to a name that is not UTF-8"))?;
+        if real_names.first() != names.first() {
+            return Err(fail(&format_args!(
+                "leads outside /{}",
+                names.first().copied().unwrap_or_default()
+            )));
+        }
+        let via_proc_net = names.starts_with(&["proc", "net"]);
+        if let Some(why) = denied(&real_names, via_proc_net) {
+            return Err(fail(&why));
+        }
+        if self.root != Path::new("/")
+            && let Some(why) = path_names(&real).and_then(|all| denied(&all, false))
+        {
+            return Err(fail(&why));
+        }
+        // Not following a link, not blocking on a FIFO or device in a fixture directory.
+        let mut flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+        if kind == Kind::Dir {
+            flags |= libc::O_DIRECTORY;
+        }
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true).custom_flags(flags);
+        let file = options.open(&real).map_err(|e| fail(&e))?;
+        // A link swapped into the path after it was resolved would have opened something
+        // else: the descriptor must be the file that was checked.
+        match std::fs::read_link(fd_path(&file)) {
+            Ok(opened) if opened == real => {}
+            Ok(_) => return Err(fail(&"changed while it was opened")),
+            Err(e) => return Err(fail(&format_args!("cannot verify the opened file: {e}"))),
+        }
+        let meta = file.metadata().map_err(|e| fail(&e))?;
+        match kind {
+            Kind::File if !meta.is_file() => Err(fail(&"is not a regular file")),
+            Kind::Dir if !meta.is_dir() => Err(fail(&"is not a directory")),
+            _ => Ok(file),
+        }
+    }
+}
+
+/// The `/proc/self/fd` entry of an open file: the file itself, whatever its path is now.
+fn fd_path(file: &File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+/// The normal components of a path as UTF-8 names; `None` when one is not UTF-8.
+fn path_names(path: &Path) -> Option<Vec<&str>> {
+    path.components()
+        .filter_map(|c| match c {
+            Component::Normal(name) => Some(name.to_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(text: &str) -> Pattern {
+        Pattern::parse(text).unwrap()
+    }
+
+    fn names(path: &str) -> Vec<&str> {
+        plain_components(path).unwrap()
+    }
+
+    #[test]
+    fn patterns_match_names_globs_and_any_depth() {
+        let hwmon = pattern("/sys/class/hwmon/**");
+        assert!(hwmon.matches(&names("/sys/class/hwmon/hwmon0/temp1_input")));
+        assert!(hwmon.leads_below(&names("/sys/class/hwmon")));
+        assert!(hwmon.leads_below(&names("/sys")));
+        assert!(!hwmon.matches(&names("/sys/class/net/eth0")));
+        let cpu = pattern("/sys/devices/system/cpu/cpu*/cpufreq/scaling_cur_freq");
+        assert!(cpu.matches(&names(
+            "/sys/devices/system/cpu/cpu12/cpufreq/scaling_cur_freq"
+        )));
+        assert!(!cpu.matches(&names("/sys/devices/system/cpu/online")));
+        assert!(cpu.leads_below(&names("/sys/devices/system/cpu/cpu3")));
+        let exact = pattern("/proc/loadavg");
+        assert!(exact.matches(&names("//proc//loadavg/")));
+        assert!(!exact.matches(&names("/proc")));
+        assert!(exact.leads_below(&names("/proc")));
+        assert!(!exact.leads_below(&names("/proc/loadavg")));
+        assert!(glob("a*b*c", "axxbyyc") && !glob("a*b*c", "axxbyy") && glob("*", ""));
+    }
+
+    #[test]
+    fn paths_with_dot_dot_or_relative_or_nul_are_refused() {
+        for bad in [
+            "proc/stat",
+            "/proc/../etc/passwd",
+            "/proc/./stat",
+            "/proc/st\0at",
+        ] {
+            assert!(plain_components(bad).is_err(), "{bad:?}");
+        }
+        assert!(plain_components(&format!("/{}", "a".repeat(MAX_PATH))).is_err());
+    }
+
+    #[test]
+    fn per_process_and_kernel_entries_are_denied_whatever_the_grant() {
+        for path in [
+            "/proc/self/environ",
+            "/proc/thread-self/environ",
+            "/proc/1/mem",
+            "/proc/123/task/124/environ",
+            "/proc/kcore",
+            "/proc/kallsyms",
+            "/dev/mem",
+        ] {
+            assert!(denied(&names(path), false).is_some(), "{path}");
+        }
+        for path in [
+            "/proc/stat",
+            "/proc/net/dev",
+            "/sys/class/hwmon",
+            "/proc/sys/kernel/hostname",
+        ] {
+            assert!(denied(&names(path), false).is_none(), "{path}");
+        }
+        // The network view is admitted only when asked for through /proc/net.
+        assert!(denied(&names("/proc/77/net/dev"), true).is_none());
+        assert!(denied(&names("/proc/77/environ"), true).is_some());
+        assert!(denied(&names("/proc/77/net/dev"), false).is_some());
+        // A grant naming a refused entry outright is a configuration error.
+        let err = Pattern::parse("/proc/self/environ").unwrap_err();
+        assert!(err.contains("per-process"), "{err}");
+        assert!(Pattern::parse("/proc/a**").is_err());
+    }
+
+    #[test]
+    fn a_fixture_root_serves_its_files_and_nothing_beside_it() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("proc/net")).unwrap();
+        std::fs::write(root.path().join("proc/stat"), "cpu 1 2 3\n").unwrap();
+        std::fs::write(root.path().join("proc/net/dev"), "eth0\n").unwrap();
+        std::fs::write(root.path().join("secret"), "s3cret").unwrap();
+        std::os::unix::fs::symlink("../secret", root.path().join("proc/leak")).unwrap();
+        std::os::unix::fs::symlink("/proc/self/environ", root.path().join("proc/env")).unwrap();
+        let grants = FileGrants::new(&["/proc/**".to_owned()], Some(root.path()), 1 << 20).unwrap();
+        assert_eq!(grants.read("/proc/stat").unwrap(), b"cpu 1 2 3\n");
+        assert_eq!(grants.read("/proc/net/dev").unwrap(), b"eth0\n");
+        let err = grants.read("/proc/leak").unwrap_err();
+        assert!(err.contains("leads outside /proc"), "{err}");
+        let err = grants.read("/proc/env").unwrap_err();
+        assert!(err.contains("outside the plugin's file root"), "{err}");
+        let err = grants.read("/secret").unwrap_err();
+        assert!(err.contains("not granted"), "{err}");
+        assert_eq!(
+            grants.list("/proc").unwrap(),
+            ["env", "leak", "net", "stat"]
+        );
+        assert_eq!(grants.list("/").unwrap(), ["proc"]);
+        assert!(grants.list("/proc/stat").is_err());
+        let small = FileGrants::new(&["/proc/stat".to_owned()], Some(root.path()), 4).unwrap();
+        let err = small.read("/proc/stat").unwrap_err();
+        assert!(
+            err.contains("larger than this plugin's limit of 4 bytes"),
+            "{err}"
+        );
+        assert_eq!(small.list("/proc").unwrap(), ["stat"]);
+    }
+}
