@@ -1,7 +1,7 @@
 //! Codec benchmarks: ccfleet's decoder against the crates.io `influxdb-line-protocol` crate
 //! (the InfluxDB IOx parser) on the same inputs in the same run, plus the fleet wire paths.
 //!
-//! Run with `cargo bench --bench codec`. Each benchmark reports lines/s and bytes/s.
+//! Run with `cargo bench -p ccfleet --bench codec`. Each benchmark reports lines/s and bytes/s.
 //!
 //! With `CODEC_PEER=<command>` it instead runs a side-by-side comparison with another
 //! decoder: the inputs are written to files, and in each of `CODEC_ROUNDS` (default 15)

@@ -3,8 +3,8 @@
 //! applies them to its SQLite registry.
 //!
 //! ```text
-//! cargo bench --bench fan_in --features server
-//! FANIN_INSTANCES=100000 FANIN_ROUNDS=5 FANIN_BATCH=1000 cargo bench --bench fan_in --features server
+//! cargo bench -p ccfleet --bench fan_in --features server
+//! FANIN_INSTANCES=100000 FANIN_ROUNDS=5 FANIN_BATCH=1000 cargo bench -p ccfleet --bench fan_in --features server
 //! ```
 //!
 //! Reports registration time, the decode stage alone (classify every line and parse the

@@ -3,8 +3,8 @@
 //! (sampled every 10 ms while the storm runs).
 //!
 //! ```text
-//! cargo bench --bench registration_storm --features server,client
-//! STORM_REGISTRATIONS=100000 STORM_CONCURRENCY=32 cargo bench --bench registration_storm --features server,client
+//! cargo bench -p ccfleet --bench registration_storm --features server,client
+//! STORM_REGISTRATIONS=100000 STORM_CONCURRENCY=32 cargo bench -p ccfleet --bench registration_storm --features server,client
 //! ```
 //!
 //! `STORM_DIR` puts the database in a given directory (default: a temporary one). Every

@@ -1,8 +1,8 @@
-//! A ClusterCockpit-style service joining the fleet: the usage pattern of cc-lib's `fleet`
-//! package (see `../shared/seeds/`), in Rust.
+//! A ClusterCockpit-style service joining the fleet: the usage pattern of cc-lib's Go `fleet`
+//! package (register, pull configuration, heartbeat, receive rosters, deregister), in Rust.
 //!
 //! ```text
-//! cargo run --example fleet_client --features client -- config.json
+//! cargo run -p ccfleet --example fleet_client --features client -- config.json
 //! ```
 //!
 //! `config.json` is the service's config file; its `fleet` section says how to reach

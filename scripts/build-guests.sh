@@ -18,7 +18,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GUEST="$ROOT/guest"
 APT_PACKAGES="rustc-web rust-web-src lld-22 wasi-libc"
-NOSTD_PLUGINS=(roster-logger loadavg hostile-trap hostile-loop hostile-memory-bomb hostile-oversized-emit hostile-log-flood)
+NOSTD_PLUGINS=(roster-logger loadavg hello hostile-trap hostile-loop hostile-memory-bomb hostile-oversized-emit hostile-log-flood)
 STD_PLUGINS=(hostile-proc-probe)
 
 usage() {

@@ -22,9 +22,10 @@ if [[ $install -eq 1 ]]; then
     # The wasm guest plugins are built with Debian's Rust (1.96 with the standard library's
     # sources, for -Zbuild-std), its wasm linker and wasi-libc: rustup's wasm targets cannot
     # be downloaded on these machines. scripts/build-guests.sh uses rustup's targets instead
-    # where they are installed.
+    # where they are installed. The README's quickstart (run by host/tests/docs_snippets.rs)
+    # uses curl and jq; the same test checks the systemd units with systemd-analyze.
     need=()
-    for pkg in rustc-web rust-web-src lld-22 wasi-libc; do
+    for pkg in rustc-web rust-web-src lld-22 wasi-libc curl jq systemd; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
     done
     if ((${#need[@]})); then

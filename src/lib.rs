@@ -26,3 +26,8 @@ pub mod discovery;
 pub mod nats;
 #[cfg(feature = "server")]
 pub mod server;
+
+/// The Rust examples of `README.md`, compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

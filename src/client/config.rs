@@ -424,8 +424,17 @@ impl Config {
     /// The token to send: `CC_FLEET_TOKEN` if set and non-empty, else the trimmed content of
     /// the file named by `CC_FLEET_TOKEN_FILE` (unreadable or empty is an error, with no
     /// fallback), else the configured `token`.
+    ///
+    /// No token at all is allowed (cc-backend may run without authentication) but logged
+    /// as a warning: otherwise only the server's 401 would tell.
     pub fn resolve_token(&self) -> Result<String, ConfigError> {
-        self.resolve_token_with(|name| std::env::var_os(name))
+        let token = self.resolve_token_with(|name| std::env::var_os(name))?;
+        if token.is_empty() {
+            tracing::warn!(
+                "fleet: no token (set CC_FLEET_TOKEN, CC_FLEET_TOKEN_FILE or fleet.token): cc-backend answers 401 unless its authentication is disabled"
+            );
+        }
+        Ok(token)
     }
 
     /// [`Config::resolve_token`] with an injected environment, so tests need not mutate the

@@ -4,7 +4,7 @@
 //! `nats` object is cc-lib's NATS client config, and `fleet` takes cc-backend's
 //! `main.fleet` keys with the same defaults.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -312,6 +312,37 @@ impl ServerConfig {
     }
 }
 
+impl ServerConfig {
+    /// Resolves a relative `db` and `fleet.config-dir` against `base`, the directory of the
+    /// configuration file, so the server finds the same files whatever its working directory
+    /// (`ccfleet server --config FILE` does this; the agent resolves its paths the same way).
+    pub fn resolve_paths(&mut self, base: &Path) {
+        for path in [self.db.as_mut(), self.fleet.config_dir.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            if path.is_relative() {
+                *path = base.join(&*path);
+            }
+        }
+    }
+
+    /// What this configuration allows but an operator probably did not mean, one sentence
+    /// each (`ccfleet server` logs them at start-up, `--check-config` prints them).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if let Some(dir) = &self.fleet.config_dir
+            && !dir.exists()
+        {
+            warnings.push(format!(
+                "fleet.config-dir {} does not exist: every configuration pull answers 204 (no content) until it is created",
+                dir.display()
+            ));
+        }
+        warnings
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,6 +416,39 @@ mod tests {
         assert!(ServerConfig::from_json(r#"{"bogus":1}"#).is_err());
         assert!(ServerConfig::from_json(r#"{"fleet":{"bogus":1}}"#).is_err());
         assert!(ServerConfig::from_json(r#"{"nats":{"address":""}}"#).is_err());
+    }
+
+    #[test]
+    fn relative_paths_are_resolved_against_the_config_directory() {
+        let mut c = ServerConfig::from_json(
+            r#"{"db":"var/fleet.sqlite","fleet":{"config-dir":"/etc/cc/tree"}}"#,
+        )
+        .unwrap();
+        c.resolve_paths(Path::new("/etc/ccfleet"));
+        assert_eq!(
+            c.db.as_deref(),
+            Some(Path::new("/etc/ccfleet/var/fleet.sqlite"))
+        );
+        assert_eq!(
+            c.fleet.config_dir.as_deref(),
+            Some(Path::new("/etc/cc/tree"))
+        );
+    }
+
+    #[test]
+    fn a_config_dir_that_does_not_exist_is_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-tree");
+        let mut c = ServerConfig::from_json(r#"{"fleet":{"config-dir":"no-such-tree"}}"#).unwrap();
+        c.resolve_paths(dir.path());
+        let warnings = c.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains(&missing.display().to_string()) && warnings[0].contains("204"),
+            "{warnings:?}"
+        );
+        std::fs::create_dir(&missing).unwrap();
+        assert!(c.warnings().is_empty());
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! Members register over REST, pull their merged configuration from an authored config
 //! tree (with ETags), heartbeat over NATS or REST and deregister; the server keeps them in a
 //! SQLite registry, marks silent ones stale and publishes discovery rosters over NATS.
-//! The behaviour follows cc-backend's fleet service, so cc-lib's Go client and ccfleet's
-//! client work against either.
+//! The behaviour follows cc-backend's fleet service (its REST routes, status codes and
+//! error bodies, its configuration tree and its NATS subjects), so cc-lib's Go client and
+//! ccfleet's client work against either.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ccfleet::server::ServerError> {

@@ -14,7 +14,8 @@
 //! }
 //! ```
 //!
-//! Relative plugin paths are resolved against the directory of the configuration file.
+//! Relative paths (plugins, `plugin-cache-dir`, `fleet.cache-path`, `nats.creds-file-path`,
+//! `nats.nkey-seed-file`) are resolved against the directory of the configuration file.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -141,6 +142,20 @@ impl AgentConfig {
         {
             *dir = base.join(&*dir);
         }
+        // Every relative path of the file means the same wherever the agent is started.
+        if let Some(serde_json::Value::String(cache)) = config.fleet.get_mut("cache-path")
+            && !cache.is_empty()
+            && Path::new(cache.as_str()).is_relative()
+        {
+            *cache = base.join(cache.as_str()).to_string_lossy().into_owned();
+        }
+        if let Some(nats) = &mut config.nats {
+            for file in [&mut nats.creds_file_path, &mut nats.nkey_seed_file] {
+                if !file.is_empty() && Path::new(file.as_str()).is_relative() {
+                    *file = base.join(file.as_str()).to_string_lossy().into_owned();
+                }
+            }
+        }
         Ok(config)
     }
 
@@ -233,6 +248,34 @@ mod tests {
         assert!(
             !shown.contains("secret") && !shown.contains("\"p\""),
             "{shown}"
+        );
+    }
+
+    #[test]
+    fn every_relative_path_is_resolved_against_the_config_directory() {
+        let config = AgentConfig::from_json(
+            r#"{"fleet":{"url":"http://h:8080","cache-path":"var/fleet-config.json"},
+                "nats":{"address":"nats://n:4222","creds-file-path":"nats.creds"},
+                "plugin-cache-dir":"cache",
+                "plugins":[{"path":"plugins/loadavg.wasm"}]}"#,
+            Path::new("/etc/ccfleet"),
+        )
+        .unwrap();
+        assert_eq!(
+            config.fleet["cache-path"],
+            "/etc/ccfleet/var/fleet-config.json"
+        );
+        assert_eq!(
+            config.nats.as_ref().unwrap().creds_file_path,
+            "/etc/ccfleet/nats.creds"
+        );
+        assert_eq!(
+            config.plugin_cache_dir.as_deref(),
+            Some(Path::new("/etc/ccfleet/cache"))
+        );
+        assert_eq!(
+            config.plugins[0].path,
+            Path::new("/etc/ccfleet/plugins/loadavg.wasm")
         );
     }
 

@@ -307,6 +307,12 @@ impl Agent {
                 ));
             }
         };
+        match &target {
+            Target::Nats { subject, .. } => tracing::info!(%subject, "metrics go to NATS"),
+            Target::Stdout => tracing::info!(
+                "metrics go to standard output (no nats section, or metrics.type is stdout)"
+            ),
+        }
         let sink_kind = match target {
             Target::Nats { .. } => "nats",
             Target::Stdout => "stdout",

@@ -1,61 +1,65 @@
-//! `ccfleet server`, `ccfleet keygen` and `ccfleet token`: run a fleet server and mint the
-//! credentials its members need.
+//! `ccfleet server`: runs a cc-backend-compatible fleet server, or only checks its
+//! configuration (`--check-config`).
 
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use anyhow::Context as _;
-use ccfleet::server::{ServerConfig, auth::Keypair};
+use ccfleet::server::ServerConfig;
 
-/// Arguments of `ccfleet server`.
+use super::check_config;
+
+/// Flags of `ccfleet server`.
 #[derive(Debug, clap::Args)]
-pub struct ServerArgs {
-    /// The JSON config file (addr, db, api-allowed-ips, jwt-public-key, nats, fleet).
+pub struct Args {
+    /// The JSON configuration (addr, db, api-allowed-ips, jwt-public-key, nats, fleet).
+    /// Relative paths in it are resolved against the file's directory.
     #[arg(long, short = 'c', value_name = "FILE")]
     config: PathBuf,
-}
-
-/// Arguments of `ccfleet keygen`.
-#[derive(Debug, clap::Args)]
-pub struct KeygenArgs {}
-
-/// Arguments of `ccfleet token`.
-#[derive(Debug, clap::Args)]
-pub struct TokenArgs {
-    /// The token's subject (user name).
+    /// Validate the configuration (keys, key material, allowlist, config tree, database
+    /// directory) and exit without starting: status 0 when usable, 1 when not.
     #[arg(long)]
-    sub: String,
-    /// A role to grant (repeatable). The fleet API needs exactly `api`, or `admin` and `api`.
-    #[arg(long = "role", value_name = "ROLE", default_values_t = vec!["api".to_owned()])]
-    roles: Vec<String>,
-    /// Lifetime as a Go duration (e.g. 24h); without it the token never expires.
-    #[arg(long, value_parser = parse_ttl)]
-    ttl: Option<Duration>,
-    /// The signing key: standard base64 of the 64-byte Ed25519 private key.
-    #[arg(long, env = "JWT_PRIVATE_KEY", hide_env_values = true)]
-    private_key: String,
+    check_config: bool,
 }
 
-fn parse_ttl(s: &str) -> Result<Duration, String> {
-    match ccfleet::duration::parse(s) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err("the ttl must be positive".to_owned()),
-        Err(e) => Err(e.to_string()),
+impl Args {
+    /// Whether only the configuration is checked (its report is the output, not the logs).
+    pub fn checks_only(&self) -> bool {
+        self.check_config
     }
 }
 
+/// Reads and parses a server configuration file, resolving its relative paths against the
+/// file's directory.
+pub fn load(path: &Path) -> anyhow::Result<ServerConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut config =
+        ServerConfig::from_json(&text).with_context(|| format!("parsing {}", path.display()))?;
+    config.resolve_paths(&check_config::base_dir(path));
+    Ok(config)
+}
+
 /// Runs the server until SIGINT or SIGTERM, then shuts it down gracefully.
-pub async fn run_server(args: ServerArgs) -> anyhow::Result<()> {
-    let text = tokio::fs::read_to_string(&args.config)
-        .await
-        .with_context(|| format!("reading {}", args.config.display()))?;
-    let config = ServerConfig::from_json(&text)
-        .with_context(|| format!("parsing {}", args.config.display()))?;
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.check_config {
+        return check_config::server(&args.config);
+    }
+    let config = load(&args.config)?;
+    // The same checks as --check-config: refuse what cannot work, warn about what is
+    // allowed but probably not meant.
+    let report = check_config::check_server(&config);
+    for warning in &report.warnings {
+        tracing::warn!("fleet: {warning}");
+    }
+    if let Some(error) = report.errors.first() {
+        anyhow::bail!("{}: {error}", args.config.display());
+    }
     let server = ccfleet::server::start(config).await?;
     wait_for_signal().await?;
     tracing::info!("fleet: shutting down");
     server.shutdown().await?;
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {
@@ -72,28 +76,5 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     tokio::signal::ctrl_c()
         .await
         .context("waiting for Ctrl-C")?;
-    Ok(())
-}
-
-/// Prints a fresh key pair as `JWT_PUBLIC_KEY=` and `JWT_PRIVATE_KEY=` lines, the
-/// environment convention of cc-backend.
-pub fn run_keygen(_args: KeygenArgs) -> anyhow::Result<()> {
-    let keypair = Keypair::generate();
-    println!("JWT_PUBLIC_KEY={}", keypair.public_key_base64());
-    println!("JWT_PRIVATE_KEY={}", keypair.private_key_base64());
-    Ok(())
-}
-
-/// Prints a token signed with `JWT_PRIVATE_KEY`.
-pub fn run_token(args: TokenArgs) -> anyhow::Result<()> {
-    let keypair = Keypair::from_private_base64(&args.private_key)
-        .context("JWT_PRIVATE_KEY is not a usable Ed25519 private key")?;
-    let roles: Vec<&str> = args.roles.iter().map(String::as_str).collect();
-    if !ccfleet::server::auth::roles_grant_api(&args.roles) {
-        tracing::warn!(
-            "the roles {roles:?} do not grant access to the fleet API (it needs exactly \"api\", or \"admin\" and \"api\")"
-        );
-    }
-    println!("{}", keypair.sign_token(&args.sub, &roles, args.ttl));
     Ok(())
 }

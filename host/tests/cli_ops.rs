@@ -1,0 +1,462 @@
+//! The operator-facing behaviour of the `ccfleet` command: exit status and one-line errors,
+//! log format and filter, `--check-config`, the warnings where a guess goes wrong,
+//! completions and manual pages. Each test runs the built binary.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+use ccfleet::server::auth::Keypair;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ccfleet");
+
+/// A command with a clean environment for the variables ccfleet reads.
+fn ccfleet() -> Command {
+    let mut cmd = Command::new(BIN);
+    for var in [
+        "RUST_LOG",
+        "NO_COLOR",
+        "CCFLEET_LOG_FORMAT",
+        "JWT_PUBLIC_KEY",
+        "JWT_PRIVATE_KEY",
+        "CC_FLEET_TOKEN",
+        "CC_FLEET_TOKEN_FILE",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn status(out: &Output) -> i32 {
+    out.status.code().expect("exited, not killed")
+}
+
+fn write(dir: &Path, name: &str, contents: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+#[test]
+fn an_error_is_one_line_with_status_2() {
+    let out = ccfleet()
+        .args(["server", "--config", "/nonexistent/server.json"])
+        .output()
+        .unwrap();
+    assert_eq!(status(&out), 2);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("ccfleet: reading /nonexistent/server.json: "),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn a_cause_repeated_by_its_error_is_printed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(dir.path(), "server.json", r#"{"bogus": 1}"#);
+    let out = ccfleet()
+        .args(["server", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(status(&out), 2);
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        stderr.matches("unknown field `bogus`").count(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn a_bad_line_in_decode_is_status_1() {
+    let mut child = ccfleet()
+        .arg("decode")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"cpu value=1 1\nnot line protocol\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(status(&out), 1, "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_reader_that_stops_early_is_not_an_error() {
+    let mut child = ccfleet()
+        .arg("decode")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        // More than any pipe buffers: decode must still be writing when the reader leaves.
+        let line = b"cpu,host=a value=1 1\n".repeat(50_000);
+        let _ = stdin.write_all(&line);
+    });
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 64];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout);
+    writer.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(status(&out), 0, "{}", text(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+}
+
+/// `ccfleet token` with roles that do not grant the API: it prints a token and logs a warning.
+fn token_with_a_warning(extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let pair = Keypair::generate();
+    let mut cmd = ccfleet();
+    cmd.args(extra)
+        .args(["token", "--sub", "ops", "--role", "admin"])
+        .env("JWT_PRIVATE_KEY", pair.private_key_base64());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn logs_to_a_pipe_are_plain_text() {
+    let out = token_with_a_warning(&[], &[]);
+    assert_eq!(status(&out), 0);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("WARN") && stderr.contains("do not grant"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains('\x1b'), "colour codes in {stderr:?}");
+}
+
+#[test]
+fn logs_are_json_lines_when_asked() {
+    for out in [
+        token_with_a_warning(&["--log-format", "json"], &[]),
+        token_with_a_warning(&[], &[("CCFLEET_LOG_FORMAT", "json")]),
+    ] {
+        assert_eq!(status(&out), 0);
+        let stderr = text(&out.stderr);
+        let line = stderr.lines().next().expect("a log line");
+        let event: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(event["level"], "WARN", "{line}");
+        assert!(
+            event["message"].as_str().unwrap().contains("do not grant"),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn an_invalid_rust_log_is_an_error() {
+    let out = ccfleet()
+        .arg("keygen")
+        .env("RUST_LOG", "info,ccfleet=loud")
+        .output()
+        .unwrap();
+    assert_eq!(status(&out), 2);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("ccfleet: RUST_LOG=\"info,ccfleet=loud\" is not a valid filter"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "no key pair after an error");
+}
+
+#[test]
+fn a_public_key_given_as_jwt_private_key_is_refused() {
+    let pair = Keypair::generate();
+    let out = ccfleet()
+        .args(["token", "--sub", "ops"])
+        .env("JWT_PRIVATE_KEY", pair.public_key_base64())
+        .output()
+        .unwrap();
+    assert_eq!(status(&out), 2);
+    assert!(out.stdout.is_empty(), "no token: {}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("looks like the JWT_PUBLIC_KEY"));
+}
+
+fn check_server(dir: &Path, config: &str, env: &[(&str, &str)]) -> (i32, String) {
+    let path = write(dir, "server.json", config);
+    let mut cmd = ccfleet();
+    // Run from elsewhere: relative paths must start at the file's directory.
+    cmd.args(["server", "--check-config", "--config"])
+        .arg(&path)
+        .current_dir("/");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (status(&out), text(&out.stdout))
+}
+
+#[test]
+fn check_config_warns_about_a_config_dir_that_does_not_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = r#"{"disable-authentication": true, "fleet": {"config-dir": "tree"}}"#;
+    let (code, report) = check_server(dir.path(), config, &[]);
+    assert_eq!(code, 0, "{report}");
+    let missing = dir.path().join("tree");
+    assert!(
+        report.contains(&format!(
+            "warning: fleet.config-dir {} does not exist",
+            missing.display()
+        )),
+        "{report}"
+    );
+    // Created beside the configuration file (not in the working directory), it is found.
+    std::fs::create_dir(&missing).unwrap();
+    std::fs::write(missing.join("defaults.json"), "{}").unwrap();
+    let (code, report) = check_server(dir.path(), config, &[]);
+    assert_eq!(code, 0, "{report}");
+    assert!(!report.contains("does not exist"), "{report}");
+    assert!(report.ends_with("server.json: ok\n"), "{report}");
+}
+
+#[test]
+fn check_config_finds_the_key_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = Keypair::generate();
+    let (code, report) = check_server(dir.path(), "{}", &[]);
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("error: no JWT public key"), "{report}");
+
+    let (code, report) = check_server(
+        dir.path(),
+        "{}",
+        &[("JWT_PUBLIC_KEY", &pair.private_key_base64())],
+    );
+    assert_eq!(code, 1, "{report}");
+    assert!(
+        report.contains("JWT_PUBLIC_KEY holds 64 bytes, the length of a private key"),
+        "{report}"
+    );
+
+    let (code, report) = check_server(
+        dir.path(),
+        "{}",
+        &[("JWT_PUBLIC_KEY", &pair.public_key_base64())],
+    );
+    assert_eq!(code, 0, "{report}");
+}
+
+#[test]
+fn check_config_reports_a_broken_file_with_status_1_and_a_missing_one_with_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, report) = check_server(
+        dir.path(),
+        r#"{"disable-authentication": true, "api-allowed-ips": ["10.0.0.0/99"]}"#,
+        &[],
+    );
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("10.0.0.0/99"), "{report}");
+    let (code, report) = check_server(dir.path(), r#"{"adress": "x"}"#, &[]);
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("unknown field `adress`"), "{report}");
+
+    let out = ccfleet()
+        .args([
+            "agent",
+            "--check-config",
+            "--config",
+            "/nonexistent/agent.json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(status(&out), 2);
+}
+
+fn check_agent(dir: &Path, config: &str, env: &[(&str, &str)]) -> (i32, String) {
+    let path = write(dir, "agent.json", config);
+    let mut cmd = ccfleet();
+    cmd.args(["agent", "--check-config", "--config"])
+        .arg(&path)
+        .current_dir("/");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (status(&out), text(&out.stdout))
+}
+
+#[test]
+fn check_config_tells_the_agent_sink_and_a_missing_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, report) = check_agent(
+        dir.path(),
+        r#"{"fleet": {"url": "http://127.0.0.1:1"}}"#,
+        &[],
+    );
+    assert_eq!(code, 0, "{report}");
+    assert!(report.contains("warning: no token"), "{report}");
+    assert!(
+        report.contains("note: metrics go to standard output (there is no nats section)"),
+        "{report}"
+    );
+
+    let (code, report) = check_agent(
+        dir.path(),
+        r#"{"fleet": {"url": "http://127.0.0.1:1", "cluster": "fritz"},
+            "nats": {"address": "nats://127.0.0.1:1"}}"#,
+        &[("CC_FLEET_TOKEN", "t")],
+    );
+    assert_eq!(code, 0, "{report}");
+    assert!(!report.contains("no token"), "{report}");
+    assert!(
+        report.contains("note: metrics go to NATS subject cc.metric.fritz"),
+        "{report}"
+    );
+}
+
+#[test]
+fn check_config_refuses_the_old_readme_agent_example() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, report) = check_agent(
+        dir.path(),
+        r#"{"fleet": {"url": "http://127.0.0.1:8080"},
+            "plugins": [{"name": "loadavg", "path": "plugins/loadavg.wasm",
+                         "wasi": {"read-only-dirs": ["/proc"]}}]}"#,
+        &[],
+    );
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("unknown field `wasi`"), "{report}");
+
+    let (code, report) = check_agent(
+        dir.path(),
+        r#"{"fleet": {"url": "http://127.0.0.1:8080"},
+            "plugins": [{"path": "plugins/loadavg.wasm"}]}"#,
+        &[("CC_FLEET_TOKEN", "t")],
+    );
+    assert_eq!(code, 1, "{report}");
+    let expected = dir.path().join("plugins/loadavg.wasm");
+    assert!(
+        report.contains(&format!("{} does not exist", expected.display())),
+        "{report}"
+    );
+}
+
+/// Reads the child's stderr until a line contains `needle` (a minute at most), then stops
+/// the child.
+fn stderr_until(mut child: Child, needle: &str) -> String {
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let mut found = false;
+    while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains(needle) {
+            found = true;
+            break;
+        }
+    }
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    assert!(found, "no line with {needle:?} in:\n{seen}");
+    seen
+}
+
+#[test]
+fn an_agent_without_a_token_says_so_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "agent.json",
+        r#"{"fleet": {"url": "http://127.0.0.1:1"}}"#,
+    );
+    let child = ccfleet()
+        .args(["agent", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let seen = stderr_until(child, "no token");
+    assert!(seen.contains("CC_FLEET_TOKEN_FILE"), "{seen}");
+}
+
+#[test]
+fn a_server_whose_config_dir_does_not_exist_says_so_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "server.json",
+        r#"{"addr": "127.0.0.1:0", "disable-authentication": true,
+            "fleet": {"config-dir": "no-such-tree"}}"#,
+    );
+    let child = ccfleet()
+        .args(["server", "--config"])
+        .arg(&config)
+        .current_dir("/")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let seen = stderr_until(child, "does not exist");
+    let missing = dir.path().join("no-such-tree");
+    assert!(seen.contains(&missing.display().to_string()), "{seen}");
+}
+
+#[test]
+fn completions_and_manual_pages_come_from_the_command_definitions() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = ccfleet().args(["completions", shell]).output().unwrap();
+        assert_eq!(status(&out), 0, "{shell}");
+        let script = text(&out.stdout);
+        assert!(
+            script.contains("check-config") && script.contains("log-format"),
+            "{shell}"
+        );
+    }
+    let out = ccfleet().arg("manpage").output().unwrap();
+    assert_eq!(status(&out), 0);
+    let page = text(&out.stdout);
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH ccfleet"),
+        "{page}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = ccfleet()
+        .args(["manpage", "--out-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(status(&out), 0, "{}", text(&out.stderr));
+    for page in [
+        "ccfleet.1",
+        "ccfleet-server.1",
+        "ccfleet-agent.1",
+        "ccfleet-token.1",
+    ] {
+        assert!(dir.path().join(page).is_file(), "{page}");
+    }
+    let server = std::fs::read_to_string(dir.path().join("ccfleet-server.1")).unwrap();
+    assert!(server.contains("check\\-config"), "{server}");
+}
