@@ -208,17 +208,26 @@ fn decode_message(payload: &[u8], metrics: &Metrics) -> Vec<u128> {
             None => malformed += 1,
         },
         HeartbeatLine::Ignored(reason) => {
-            tracing::debug!("NATS fleet: skipping line: {reason:?}");
+            tracing::debug!(
+                "NATS fleet: skipping line: {}",
+                Untrusted(&format!("{reason:?}"))
+            );
             ignored += 1;
         }
         HeartbeatLine::Rejected(e) => {
-            tracing::debug!("NATS fleet: rejected heartbeat: {e}");
+            tracing::debug!(
+                "NATS fleet: rejected heartbeat: {}",
+                Untrusted(&e.to_string())
+            );
             rejected += 1;
         }
     });
     if let Err(e) = result {
         // As in cc-backend, a decode error abandons the rest of the message.
-        tracing::debug!("NATS fleet: undecodable heartbeat message: {e}");
+        tracing::debug!(
+            "NATS fleet: undecodable heartbeat message: {}",
+            Untrusted(&e.to_string())
+        );
         rejected += 1;
     }
     Metrics::add(

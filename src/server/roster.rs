@@ -302,9 +302,15 @@ impl Publisher {
     fn failed(&mut self, subject: &str, error: std::fmt::Arguments<'_>) {
         self.metrics.roster_subject_error(subject);
         if self.failing.insert(subject.to_owned()) {
-            tracing::error!("fleet: roster for {subject} not published: {error}");
+            tracing::error!(
+                "fleet: roster for {} not published: {error}",
+                Untrusted(subject)
+            );
         } else {
-            tracing::debug!("fleet: roster for {subject} still not published: {error}");
+            tracing::debug!(
+                "fleet: roster for {} still not published: {error}",
+                Untrusted(subject)
+            );
         }
     }
 
@@ -423,7 +429,7 @@ impl Publisher {
                 }
                 for subject in &queued {
                     if self.failing.remove(subject) {
-                        tracing::info!("fleet: roster for {subject} published again");
+                        tracing::info!("fleet: roster for {} published again", Untrusted(subject));
                     }
                 }
             }
