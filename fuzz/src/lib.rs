@@ -5,7 +5,7 @@
 use ccfleet::lineproto::{
     Decoder, DecoderOptions, Encoder, FieldValue, OwnedValue, Point, Precision,
 };
-use ccfleet::wire::{self, HeartbeatLine, Provider, ServiceType};
+use ccfleet::wire::{self, HeartbeatLine, Provider, ProviderType, ServiceType};
 
 /// Any bytes through the decoder, with options picked by the first byte; every token of
 /// every line is read, and what the strict encoder accepts of a decoded point must decode
@@ -216,7 +216,11 @@ pub fn round_trip(data: &[u8]) {
     let consumer = ServiceType::ALL[usize::from(recipe.byte()) % ServiceType::ALL.len()];
     let providers: Vec<Provider> = (0..recipe.byte() % 3)
         .map(|_| Provider {
-            service_type: ServiceType::ALL[usize::from(recipe.byte()) % ServiceType::ALL.len()],
+            // Unknown provider types (any string) are kept as they arrived.
+            service_type: match recipe.byte() {
+                b if b % 4 == 0 => ProviderType::from(recipe.text().as_str()),
+                b => ServiceType::ALL[usize::from(b) % ServiceType::ALL.len()].into(),
+            },
             hostname: recipe.text(),
             state: recipe.text(),
             meta: (0..recipe.byte() % 3)
