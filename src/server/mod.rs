@@ -160,6 +160,28 @@ fn spawn_sweeper(
     })
 }
 
+/// Writes the registry's last-seen times behind, every `interval`; the last write happens
+/// in [`RunningServer::shutdown`], after the heartbeat consumer stopped.
+fn spawn_last_seen_writer(
+    registry: Registry,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.reset();
+        loop {
+            tokio::select! {
+                _ = stopped(&mut shutdown) => return,
+                // A failure is logged by the registry (once per burst); the times stay in
+                // memory for the next tick.
+                _ = ticker.tick() => { let _ = registry.flush_last_seen().await; }
+            }
+        }
+    })
+}
+
 async fn reload_tree(tree: &Arc<ConfigTree>, metrics: &Metrics) -> Result<Reload, ServerError> {
     let scan = tree.clone();
     match blocking(move || scan.reload()).await? {
@@ -340,6 +362,11 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             );
         }
     }
+    tasks.push(spawn_last_seen_writer(
+        registry.clone(),
+        registry::LAST_SEEN_FLUSH_INTERVAL,
+        shutdown_rx.clone(),
+    ));
     tasks.push(spawn_sweeper(
         registry.clone(),
         roster_notify.clone(),
@@ -462,6 +489,13 @@ impl RunningServer {
             if let Err(e) = task.await {
                 result = Err(ServerError::Task(e.to_string()));
             }
+        }
+        // Heartbeats no longer arrive: the last-seen times in memory are written once more.
+        if let Err(e) = self.registry.flush_last_seen().await {
+            tracing::warn!(
+                "fleet: {} last-seen time(s) could not be written at shutdown: {e}",
+                self.registry.unwritten_last_seen()
+            );
         }
         if let Some(nats) = self.nats.take() {
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, nats.flush()).await;
