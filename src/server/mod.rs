@@ -54,9 +54,6 @@ use roster::RosterNotify;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How long start-up waits for NATS before carrying on without it.
 const INITIAL_CONNECT_WAIT: Duration = Duration::from_secs(2);
-/// Messages async-nats buffers for the heartbeat subscription before it drops (and
-/// reports) them; with multi-line messages this is hundreds of thousands of heartbeats.
-const SUBSCRIPTION_CAPACITY: usize = 1024;
 
 /// A running server; dropping it stops the background work without flushing, prefer
 /// [`RunningServer::shutdown`].
@@ -95,6 +92,7 @@ async fn blocking<R: Send + 'static>(
 
 async fn connect_nats(
     config: &NatsConfig,
+    subscription_capacity: usize,
     metrics: Arc<Metrics>,
     roster: RosterNotify,
 ) -> Result<async_nats::Client, ServerError> {
@@ -102,7 +100,7 @@ async fn connect_nats(
         .connect_options("ccfleet-server")
         .await
         .map_err(|e| ServerError::Nats(e.to_string()))?
-        .subscription_capacity(SUBSCRIPTION_CAPACITY)
+        .subscription_capacity(subscription_capacity)
         .event_callback(move |event| {
             let metrics = metrics.clone();
             let roster = roster.clone();
@@ -305,7 +303,15 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let mut tasks = Vec::new();
 
     let nats = match &config.nats {
-        Some(nats) => Some(connect_nats(nats, metrics.clone(), roster_notify.clone()).await?),
+        Some(nats) => Some(
+            connect_nats(
+                nats,
+                fleet.heartbeat_pending_messages,
+                metrics.clone(),
+                roster_notify.clone(),
+            )
+            .await?,
+        ),
         None => None,
     };
     let consumer = match (&nats, &fleet.heartbeat_subject) {
