@@ -1,10 +1,20 @@
 //! The service registry: a durable store (a [`RegistryStore`] backend, such as cc-backend's
 //! `service` table in [SQLite](SqliteStore)) fronted by an in-memory index.
 //!
-//! Every change is written to the store first and mirrored into the index once the store
-//! acknowledged it, so reads (config pulls, rosters, metrics) never wait for the store and
-//! heartbeats that would not change a row cost no write. Store calls run on tokio's
-//! blocking pool under one lock, which also serialises index updates.
+//! Every state change is written to the store first and mirrored into the index once the
+//! store acknowledged it, so reads (config pulls, rosters, metrics) never wait for the store.
+//! Store calls run on tokio's blocking pool under one lock, which also serialises the index
+//! updates that follow them.
+//!
+//! Two things are cheaper than one write each:
+//! - Registrations are group-committed: concurrent ones queue, one committer task writes
+//!   up to 1 024 of them in one store call and answers each only after it.
+//! - A heartbeat of an instance that is already `active` changes only the index (its
+//!   last-seen time, which staleness is decided from) and marks the time unwritten;
+//!   [`Registry::flush_last_seen`] writes all of them in one store call (the server does
+//!   every [`LAST_SEEN_FLUSH_INTERVAL`] and when it stops). A crash loses at most those
+//!   times, never a state change. A stale sweep racing such a heartbeat may still mark the
+//!   instance `stale`; its next heartbeat revives it.
 //!
 //! A change is acknowledged only after the store made it durable; an error reaches the
 //! caller and leaves the index alone. The first failure of a burst is logged; the ones
@@ -386,7 +396,7 @@ impl Registry {
     /// state `pending`; last heartbeat and acknowledged revision survive re-registration.
     ///
     /// Concurrent registrations share one store write (group commit): each waits in a
-    /// queue, one committer task drains it into a batch (at most [`GROUP_COMMIT_MAX`]),
+    /// queue, one committer task drains it into a batch (at most 1 024),
     /// writes the batch and answers every registration in it only after the write is
     /// durable. If the write fails, every registration of the batch gets the error.
     pub async fn register(&self, reg: Registration) -> Result<Registered, RegistryError> {

@@ -25,7 +25,7 @@ use crate::wire::{Scope, ServiceType};
 /// stated so the bound below can be derived from it): about 4 MiB with 4 KiB pages.
 const WAL_AUTOCHECKPOINT: i64 = 1000;
 /// The size the WAL file is truncated back to after a checkpoint. The file grows past
-/// [`WAL_AUTOCHECKPOINT`] frames only by the last transaction, which for a large heartbeat
+/// `WAL_AUTOCHECKPOINT` frames only by the last transaction, which for a large heartbeat
 /// batch can be tens of MiB; this gives that space back once it is checkpointed.
 pub const JOURNAL_SIZE_LIMIT: i64 = 16 << 20;
 /// Rows per multi-row heartbeat `UPDATE`.
