@@ -12,6 +12,11 @@
 //! instance goes pending -> active: one row write each) and for the following rounds
 //! (instances already active: a row is written once per instance per second), with the
 //! number of heartbeats lost. Needs `nats-server` (NATS_SERVER_BIN or PATH).
+//!
+//! Then the registry stage alone (no NATS), with the bytes this process wrote to storage
+//! (`write_bytes` of `/proc/self/io`, including the write-behind flush of last-seen times):
+//! the realistic case, where every instance heartbeats once per simulated 10 s so every
+//! heartbeat carries a new time, and the repeat case, where the time does not change.
 
 #[path = "../tests/support/nats.rs"]
 mod nats;
@@ -38,6 +43,59 @@ fn env_usize(name: &str, default: usize) -> usize {
 
 fn per_second(count: u64, elapsed: Duration) -> f64 {
     count as f64 / elapsed.as_secs_f64()
+}
+
+/// Bytes this process caused to be written to storage so far (Linux; 0 elsewhere).
+fn written_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|io| {
+            io.lines()
+                .find_map(|line| line.strip_prefix("write_bytes: "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Applies `rounds` rounds of one heartbeat per instance straight to the registry, in
+/// batches of `batch`, the time advancing by `step` seconds per round; then flushes the
+/// last-seen times.
+async fn registry_stage(
+    registry: &Registry,
+    ids: &[u128],
+    rounds: usize,
+    batch: usize,
+    step: i64,
+    label: &str,
+) {
+    let base = ccfleet::server::registry::unix_seconds();
+    let written_before = written_bytes();
+    let started = Instant::now();
+    let mut applied = 0u64;
+    for round in 0..rounds {
+        let at = base + step * (round as i64 + 1);
+        for chunk in ids.chunks(batch) {
+            let beats = chunk.iter().map(|id| (*id, at)).collect();
+            let outcome = registry.heartbeat_batch(beats).await.expect("apply");
+            applied += outcome.applied.iter().filter(|a| **a).count() as u64;
+        }
+    }
+    let applied_in = started.elapsed();
+    let flushed = registry
+        .flush_last_seen()
+        .await
+        .expect("flush last-seen times");
+    let elapsed = started.elapsed();
+    let written = written_bytes().saturating_sub(written_before);
+    let expected = (ids.len() * rounds) as u64;
+    println!(
+        "registry stage, {label}: {applied} of {expected} heartbeats applied in {:.3} s = {:.2} M heartbeats/s (lost {}); flush of {flushed} last-seen times included: {:.3} s; {:.1} bytes written per heartbeat",
+        applied_in.as_secs_f64(),
+        per_second(applied, applied_in) / 1e6,
+        expected - applied,
+        elapsed.as_secs_f64(),
+        written as f64 / expected as f64,
+    );
 }
 
 /// One core: classify every line and parse every accepted id, as the consumer does.
@@ -132,18 +190,26 @@ async fn run() {
     let started = Instant::now();
     let registry = Registry::open(Some(&db)).expect("open registry");
     let mut ids = Vec::with_capacity(instances);
-    for i in 0..instances {
-        let registered = registry
-            .register(Registration {
-                scope: Scope::Cluster,
-                cluster: format!("cluster{}", i / 1000),
-                hostname: format!("node{i:06}"),
-                service_type: ServiceType::MetricCollector,
-                meta: BTreeMap::new(),
-            })
-            .await
-            .expect("register");
-        ids.push(registered.instance_id);
+    for wave in (0..instances).collect::<Vec<_>>().chunks(1024) {
+        let mut tasks = Vec::with_capacity(wave.len());
+        for &i in wave {
+            let registry = registry.clone();
+            tasks.push(tokio::spawn(async move {
+                registry
+                    .register(Registration {
+                        scope: Scope::Cluster,
+                        cluster: format!("cluster{}", i / 1000),
+                        hostname: format!("node{i:06}"),
+                        service_type: ServiceType::MetricCollector,
+                        meta: BTreeMap::new(),
+                    })
+                    .await
+                    .expect("register")
+            }));
+        }
+        for task in tasks {
+            ids.push(task.await.expect("register task").instance_id);
+        }
     }
     drop(registry);
     println!(
@@ -204,6 +270,30 @@ async fn run() {
         "NOT all instances active"
     };
     println!("registry: {active} of {instances} active ({stats_note})");
+
+    let registry = Registry::open(Some(&db)).expect("reopen registry");
+    let ids: Vec<u128> = ids
+        .iter()
+        .map(|id| parse_instance_id(id).expect("instance id"))
+        .collect();
+    registry_stage(
+        &registry,
+        &ids,
+        rounds,
+        batch.max(4096),
+        10,
+        "realistic (every heartbeat 10 s after the previous one)",
+    )
+    .await;
+    registry_stage(
+        &registry,
+        &ids,
+        rounds,
+        batch.max(4096),
+        0,
+        "repeat (the same second again)",
+    )
+    .await;
 }
 
 fn main() {

@@ -1,12 +1,16 @@
 //! A registration storm through the real HTTP API into a SQLite registry file: how many
-//! registrations per second the server acknowledges, and how large the write-ahead log grows
-//! (sampled every 10 ms while the storm runs).
+//! registrations per second the server acknowledges, their latency (p50, p99, max), the
+//! bytes this process wrote to storage per registration (`write_bytes` of `/proc/self/io`,
+//! which includes the WAL checkpoints), and how large the write-ahead log grows (sampled
+//! every 10 ms while the storm runs).
 //!
 //! ```text
 //! cargo bench -p ccfleet --bench registration_storm --features server,client
-//! STORM_REGISTRATIONS=100000 STORM_CONCURRENCY=32 cargo bench -p ccfleet --bench registration_storm --features server,client
+//! STORM_REGISTRATIONS=100000 STORM_CONCURRENCY=64 cargo bench -p ccfleet --bench registration_storm --features server,client
+//! STORM_NAMES=random cargo bench -p ccfleet --bench registration_storm --features server,client
 //! ```
 //!
+//! Host names are sequential (`n0000000`, `n0000001`, ...) unless `STORM_NAMES=random`.
 //! `STORM_DIR` puts the database in a given directory (default: a temporary one). Every
 //! registration must answer 201 and be a row afterwards; the run fails otherwise.
 
@@ -27,6 +31,18 @@ fn env_usize(name: &str, default: usize) -> usize {
     }
 }
 
+/// Bytes this process caused to be written to storage so far (Linux; 0 elsewhere).
+fn written_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|io| {
+            io.lines()
+                .find_map(|line| line.strip_prefix("write_bytes: "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 fn file_len(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
 }
@@ -37,15 +53,20 @@ fn mib(bytes: u64) -> String {
 
 fn main() {
     let total = env_usize("STORM_REGISTRATIONS", 20_000);
+    let random = match std::env::var("STORM_NAMES").as_deref() {
+        Ok("random") => true,
+        Ok("sequential") | Err(_) => false,
+        Ok(other) => panic!("STORM_NAMES={other:?}: use sequential or random"),
+    };
     let concurrency = env_usize("STORM_CONCURRENCY", 32).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(storm(total, concurrency));
+    runtime.block_on(storm(total, concurrency, random));
 }
 
-async fn storm(total: usize, concurrency: usize) {
+async fn storm(total: usize, concurrency: usize, random: bool) {
     let temp = tempfile::tempdir().expect("temporary directory");
     let dir = std::env::var_os("STORM_DIR")
         .map(std::path::PathBuf::from)
@@ -85,23 +106,35 @@ async fn storm(total: usize, concurrency: usize) {
         })
     };
 
-    println!("registration storm: {total} registrations, {concurrency} concurrent clients");
+    println!(
+        "registration storm: {total} registrations, {concurrency} concurrent clients, {} host names",
+        if random { "random" } else { "sequential" }
+    );
     let next = Arc::new(AtomicU64::new(0));
+    let written_before = written_bytes();
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..concurrency {
         let (client, url, next) = (client.clone(), url.clone(), next.clone());
         workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= total as u64 {
-                    return;
+                    return latencies;
                 }
+                let host = if random {
+                    // Distinct, but scattered over the unique index like real host names.
+                    format!("n{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                } else {
+                    format!("n{i:07}")
+                };
                 let body = format!(
-                    r#"{{"cluster":"storm{}","hostname":"n{i:07}","serviceType":"ccmc","metaData":{{"rack":"r{}"}}}}"#,
+                    r#"{{"cluster":"storm{}","hostname":"{host}","serviceType":"ccmc","metaData":{{"rack":"r{}"}}}}"#,
                     i % 16,
                     i % 64
                 );
+                let sent = Instant::now();
                 let response = client
                     .post(&url)
                     .header("content-type", "application/json")
@@ -111,13 +144,20 @@ async fn storm(total: usize, concurrency: usize) {
                     .expect("register request");
                 assert_eq!(response.status().as_u16(), 201, "registration {i}");
                 response.bytes().await.expect("register response");
+                latencies.push(sent.elapsed());
             }
         }));
     }
+    let mut latencies = Vec::with_capacity(total);
     for worker in workers {
-        worker.await.expect("worker");
+        latencies.extend(worker.await.expect("worker"));
     }
     let elapsed = started.elapsed();
+    latencies.sort_unstable();
+    let percentile = |p: f64| {
+        let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len());
+        latencies[i - 1].as_secs_f64() * 1e3
+    };
     done.store(true, Ordering::Relaxed);
     sampler.await.expect("sampler");
     peak_wal.fetch_max(file_len(&wal), Ordering::Relaxed);
@@ -125,6 +165,7 @@ async fn storm(total: usize, concurrency: usize) {
     let db_len = file_len(&db);
     let stored = server.registry().counts().pending;
     server.shutdown().await.expect("server stops");
+    let written = written_bytes().saturating_sub(written_before);
     assert_eq!(stored, total as u64, "every registration is a row");
 
     let reopened = Registry::open(Some(&db)).expect("reopen registry");
@@ -135,6 +176,17 @@ async fn storm(total: usize, concurrency: usize) {
         "registrations/s: {:.0} ({total} in {:.2} s)",
         total as f64 / elapsed.as_secs_f64(),
         elapsed.as_secs_f64()
+    );
+    println!(
+        "latency: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        percentile(0.50),
+        percentile(0.99),
+        percentile(1.0)
+    );
+    println!(
+        "bytes written: {:.0} per registration ({} in all, /proc/self/io write_bytes)",
+        written as f64 / total as f64,
+        mib(written)
     );
     println!(
         "WAL: peak {} (sampled every 10 ms), at the end {}; journal_size_limit {}",

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use super::allowlist::Allowlist;
 use super::auth::{self, Verifier};
 use super::configtree::ConfigTree;
+use super::error::{RegistryError, RegistryErrorKind};
 use super::health::Health;
 use super::metrics::Metrics;
 use super::names;
@@ -164,7 +165,17 @@ impl IntoResponse for ApiError {
                 closing(error(StatusCode::BAD_REQUEST, "cannot read request body"))
             }
             ApiError::Internal { context, source } => {
-                tracing::error!("fleet: {context}: {source}");
+                // The registry logs the first failure of a burst of failed writes itself
+                // (and the burst's end); one error line per request would flood the log
+                // while the disk is full. An interrupted store task is not logged there.
+                let logged_by_registry = source
+                    .downcast_ref::<RegistryError>()
+                    .is_some_and(|e| e.kind() != RegistryErrorKind::Interrupted);
+                if logged_by_registry {
+                    tracing::debug!("fleet: {context}: {source}");
+                } else {
+                    tracing::error!("fleet: {context}: {source}");
+                }
                 internal_error()
             }
         }
@@ -523,5 +534,52 @@ mod tests {
         assert!(etag_matches("12", "12"));
         assert!(!etag_matches("\"123\"", "12"));
         assert!(!etag_matches("", "12"));
+    }
+
+    /// Counts the error events sent to it.
+    struct CountErrors(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl tracing::Subscriber for CountErrors {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            if *event.metadata().level() == tracing::Level::ERROR {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    fn errors_logged(e: ApiError) -> (u16, usize) {
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let status = tracing::subscriber::with_default(CountErrors(count.clone()), || {
+            e.into_response().status().as_u16()
+        });
+        (status, count.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    #[test]
+    fn a_failed_registry_write_answers_500_without_an_error_line_per_request() {
+        let full = || RegistryError::new(RegistryErrorKind::Unavailable, "disk is full");
+        for _ in 0..3 {
+            assert_eq!(
+                errors_logged(ApiError::internal("register", full())),
+                (500, 0)
+            );
+        }
+        let interrupted = RegistryError::new(RegistryErrorKind::Interrupted, "cancelled");
+        assert_eq!(
+            errors_logged(ApiError::internal("register", interrupted)),
+            (500, 1)
+        );
+        let other = std::io::Error::other("something else");
+        assert_eq!(errors_logged(ApiError::internal("tree", other)), (500, 1));
     }
 }

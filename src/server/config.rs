@@ -22,6 +22,13 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_CONFIG_RELOAD_INTERVAL: Duration = Duration::from_secs(60);
 /// Default number of heartbeat decoder tasks.
 pub const DEFAULT_HEARTBEAT_CONCURRENCY: usize = 2;
+/// Default number of heartbeat messages the NATS client holds for the consumer before it
+/// drops (and counts) them; with multi-line messages this is hundreds of thousands of
+/// heartbeats.
+pub const DEFAULT_HEARTBEAT_PENDING_MESSAGES: usize = 1024;
+/// Upper bound of `fleet.heartbeat-pending-messages` (a message can be up to the server's
+/// `max_payload`, 1 MiB by default, so the bound keeps the worst case at a few GiB).
+pub const MAX_HEARTBEAT_PENDING_MESSAGES: usize = 4096;
 /// Default period of the full roster re-publish.
 pub const DEFAULT_DISCOVERY_INTERVAL: Duration = Duration::from_secs(60);
 /// Default delay that coalesces roster re-publishes after registry changes.
@@ -105,6 +112,9 @@ pub struct FleetConfig {
     pub heartbeat_subject: Option<String>,
     /// Number of heartbeat decoder tasks.
     pub heartbeat_concurrency: usize,
+    /// Heartbeat messages buffered for the consumer before NATS messages are dropped
+    /// (counted in `ccfleet_heartbeat_messages_dropped_total`); sizes the absorbable burst.
+    pub heartbeat_pending_messages: usize,
     /// Prefix of roster subjects.
     pub discovery_subject_prefix: String,
     /// Period of the full roster re-publish.
@@ -123,6 +133,7 @@ impl Default for FleetConfig {
             config_reload_interval: DEFAULT_CONFIG_RELOAD_INTERVAL,
             heartbeat_subject: None,
             heartbeat_concurrency: DEFAULT_HEARTBEAT_CONCURRENCY,
+            heartbeat_pending_messages: DEFAULT_HEARTBEAT_PENDING_MESSAGES,
             discovery_subject_prefix: crate::wire::DEFAULT_DISCOVERY_PREFIX.to_owned(),
             discovery_interval: DEFAULT_DISCOVERY_INTERVAL,
             discovery_debounce: DEFAULT_DISCOVERY_DEBOUNCE,
@@ -162,6 +173,7 @@ struct RawFleet {
     config_reload_interval: Option<String>,
     heartbeat_subject: Option<String>,
     heartbeat_concurrency: Option<i64>,
+    heartbeat_pending_messages: Option<i64>,
     discovery_subject_prefix: Option<String>,
     discovery_interval: Option<String>,
     discovery_debounce: Option<String>,
@@ -223,6 +235,15 @@ impl ServerConfig {
                 DEFAULT_HEARTBEAT_CONCURRENCY
             }
         };
+        let heartbeat_pending_messages = match f.heartbeat_pending_messages {
+            None => DEFAULT_HEARTBEAT_PENDING_MESSAGES,
+            Some(n) if n > 0 && n <= MAX_HEARTBEAT_PENDING_MESSAGES as i64 => n as usize,
+            Some(_) => {
+                return Err(ServerError::InvalidConfig(
+                    "fleet.heartbeat-pending-messages must be between 1 and 4096",
+                ));
+            }
+        };
         // Every roster subject starts with the prefix: one that is not plain subject tokens
         // would silence (or cross-deliver) every roster, so refuse it at start-up.
         if let Some(prefix) = f.discovery_subject_prefix.as_deref()
@@ -252,6 +273,7 @@ impl ServerConfig {
             ),
             heartbeat_subject: f.heartbeat_subject.filter(|s| !s.is_empty()),
             heartbeat_concurrency,
+            heartbeat_pending_messages,
             discovery_subject_prefix: f
                 .discovery_subject_prefix
                 .filter(|s| !s.is_empty())
@@ -391,7 +413,8 @@ mod tests {
             "nats":{"address":"nats://h:4222","username":"u","password":"p"},
             "fleet":{"config-dir":"cfg","stale-after":"1m30s","sweep-interval":"10s",
             "config-reload-interval":"5s","heartbeat-subject":"cc.fleet.event",
-            "heartbeat-concurrency":4,"discovery-subject-prefix":"site.disc",
+            "heartbeat-concurrency":4,"heartbeat-pending-messages":2048,
+            "discovery-subject-prefix":"site.disc",
             "discovery-interval":"2m","discovery-debounce":"100ms"}}"#,
         )
         .unwrap();
@@ -402,6 +425,7 @@ mod tests {
         assert_eq!(c.nats.unwrap().username, "u");
         assert_eq!(c.fleet.stale_after, Duration::from_secs(90));
         assert_eq!(c.fleet.heartbeat_concurrency, 4);
+        assert_eq!(c.fleet.heartbeat_pending_messages, 2048);
         assert_eq!(c.fleet.discovery_debounce, Duration::from_millis(100));
         assert_eq!(c.fleet.heartbeat_subject.as_deref(), Some("cc.fleet.event"));
     }
@@ -466,5 +490,26 @@ mod tests {
             ServerConfig::from_json(r#"{"fleet":{"discovery-subject-prefix":"site-1.disc_2"}}"#)
                 .unwrap();
         assert_eq!(c.fleet.discovery_subject_prefix, "site-1.disc_2");
+    }
+
+    #[test]
+    fn a_heartbeat_pending_limit_out_of_range_is_refused_by_name() {
+        assert_eq!(
+            ServerConfig::from_json("{}")
+                .unwrap()
+                .fleet
+                .heartbeat_pending_messages,
+            DEFAULT_HEARTBEAT_PENDING_MESSAGES
+        );
+        for bad in ["0", "-1", "4097"] {
+            let e = ServerConfig::from_json(&format!(
+                r#"{{"fleet":{{"heartbeat-pending-messages":{bad}}}}}"#
+            ))
+            .unwrap_err();
+            assert!(
+                e.to_string().contains("fleet.heartbeat-pending-messages"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

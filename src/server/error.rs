@@ -176,6 +176,12 @@ impl RegistryError {
         )
     }
 
+    /// The same kind and message without the source, for each further caller a failure
+    /// of a shared write answers.
+    pub(crate) fn without_source(&self) -> RegistryError {
+        RegistryError::new(self.kind, self.message.clone())
+    }
+
     /// What kind of failure this is.
     pub fn kind(&self) -> RegistryErrorKind {
         self.kind

@@ -55,9 +55,6 @@ use roster::RosterNotify;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How long start-up waits for NATS before carrying on without it.
 const INITIAL_CONNECT_WAIT: Duration = Duration::from_secs(2);
-/// Messages async-nats buffers for the heartbeat subscription before it drops (and
-/// reports) them; with multi-line messages this is hundreds of thousands of heartbeats.
-const SUBSCRIPTION_CAPACITY: usize = 1024;
 
 /// A running server; dropping it stops the background work without flushing, prefer
 /// [`RunningServer::shutdown`].
@@ -96,6 +93,7 @@ async fn blocking<R: Send + 'static>(
 
 async fn connect_nats(
     config: &NatsConfig,
+    subscription_capacity: usize,
     metrics: Arc<Metrics>,
     roster: RosterNotify,
 ) -> Result<async_nats::Client, ServerError> {
@@ -105,7 +103,7 @@ async fn connect_nats(
         .connect_options("ccfleet-server")
         .await
         .map_err(|e| ServerError::Nats(e.to_string()))?
-        .subscription_capacity(SUBSCRIPTION_CAPACITY)
+        .subscription_capacity(subscription_capacity)
         .event_callback(move |event| {
             let metrics = metrics.clone();
             let roster = roster.clone();
@@ -154,6 +152,28 @@ fn spawn_sweeper(
                         Err(e) => tracing::error!("fleet: stale sweep failed: {e}"),
                     }
                 }
+            }
+        }
+    })
+}
+
+/// Writes the registry's last-seen times behind, every `interval`; the last write happens
+/// in [`RunningServer::shutdown`], after the heartbeat consumer stopped.
+fn spawn_last_seen_writer(
+    registry: Registry,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.reset();
+        loop {
+            tokio::select! {
+                _ = stopped(&mut shutdown) => return,
+                // A failure is logged by the registry (once per burst); the times stay in
+                // memory for the next tick.
+                _ = ticker.tick() => { let _ = registry.flush_last_seen().await; }
             }
         }
     })
@@ -282,7 +302,15 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let mut tasks = Vec::new();
 
     let nats = match &config.nats {
-        Some(nats) => Some(connect_nats(nats, metrics.clone(), roster_notify.clone()).await?),
+        Some(nats) => Some(
+            connect_nats(
+                nats,
+                fleet.heartbeat_pending_messages,
+                metrics.clone(),
+                roster_notify.clone(),
+            )
+            .await?,
+        ),
         None => None,
     };
     let consumer = match (&nats, &fleet.heartbeat_subject) {
@@ -339,6 +367,11 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             );
         }
     }
+    tasks.push(spawn_last_seen_writer(
+        registry.clone(),
+        registry::LAST_SEEN_FLUSH_INTERVAL,
+        shutdown_rx.clone(),
+    ));
     tasks.push(spawn_sweeper(
         registry.clone(),
         roster_notify.clone(),
@@ -461,6 +494,13 @@ impl RunningServer {
             if let Err(e) = task.await {
                 result = Err(ServerError::Task(e.to_string()));
             }
+        }
+        // Heartbeats no longer arrive: the last-seen times in memory are written once more.
+        if let Err(e) = self.registry.flush_last_seen().await {
+            tracing::warn!(
+                "fleet: {} last-seen time(s) could not be written at shutdown: {e}",
+                self.registry.unwritten_last_seen()
+            );
         }
         if let Some(nats) = self.nats.take() {
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, nats.flush()).await;

@@ -1,14 +1,30 @@
-//! The in-memory index every read is served from: services by store key and by instance id.
+//! The in-memory index every read is served from: services by store key and by instance id,
+//! and the last-seen times not yet written to the store.
 
 use std::collections::HashMap;
 
 use super::{Service, State, StateCounts, StoredService};
+
+/// What a heartbeat means for an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Beat {
+    /// No such instance id.
+    Unknown,
+    /// The instance is deregistered: the heartbeat is refused.
+    Deregistered,
+    /// The instance is `active`; its last-seen time is updated in memory.
+    Seen,
+    /// The instance (under this key) becomes `active`: a durable write.
+    Revives(i64),
+}
 
 /// Services by store key, and store keys by instance id.
 #[derive(Default)]
 pub(super) struct Index {
     by_instance: HashMap<u128, i64>,
     rows: HashMap<i64, (u128, Service)>,
+    /// Last heartbeat per key of `active` services, newer than the store's; written behind.
+    dirty: HashMap<i64, i64>,
 }
 
 impl Index {
@@ -45,6 +61,55 @@ impl Index {
     /// The service under a key, for changing it after its write committed.
     pub(super) fn get_mut(&mut self, key: i64) -> Option<&mut Service> {
         self.rows.get_mut(&key).map(|(_, service)| service)
+    }
+
+    /// Applies a heartbeat at `at` to an `active` service in memory only (its time is
+    /// written behind); says what else it needs.
+    pub(super) fn beat(&mut self, instance: u128, at: i64) -> Beat {
+        let Some(&key) = self.by_instance.get(&instance) else {
+            return Beat::Unknown;
+        };
+        let Some((_, service)) = self.rows.get_mut(&key) else {
+            return Beat::Unknown;
+        };
+        match service.state {
+            State::Deregistered => Beat::Deregistered,
+            State::Active => {
+                if service.last_heartbeat.is_none_or(|last| last < at) {
+                    service.last_heartbeat = Some(at);
+                    self.dirty.insert(key, at);
+                }
+                Beat::Seen
+            }
+            State::Pending | State::Stale => Beat::Revives(key),
+        }
+    }
+
+    /// A durable write set `key`'s last heartbeat to `at`: an older pending one is obsolete.
+    pub(super) fn written(&mut self, key: i64, at: i64) {
+        if self.dirty.get(&key).is_some_and(|&pending| pending <= at) {
+            self.dirty.remove(&key);
+        }
+    }
+
+    /// Takes the last-seen times to write, sorted by time, then key.
+    pub(super) fn take_dirty(&mut self) -> Vec<(i64, i64)> {
+        let mut writes: Vec<(i64, i64)> = self.dirty.drain().collect();
+        writes.sort_unstable_by_key(|&(key, at)| (at, key));
+        writes
+    }
+
+    /// Puts back last-seen times whose write failed, unless a newer one arrived meanwhile.
+    pub(super) fn restore_dirty(&mut self, writes: &[(i64, i64)]) {
+        for &(key, at) in writes {
+            let pending = self.dirty.entry(key).or_insert(at);
+            *pending = (*pending).max(at);
+        }
+    }
+
+    /// How many last-seen times wait to be written.
+    pub(super) fn dirty_len(&self) -> usize {
+        self.dirty.len()
     }
 
     /// Keys of `active` services whose last heartbeat is older than `cutoff`, in key order.

@@ -1,10 +1,20 @@
 //! The service registry: a durable store (a [`RegistryStore`] backend, such as cc-backend's
 //! `service` table in [SQLite](SqliteStore)) fronted by an in-memory index.
 //!
-//! Every change is written to the store first and mirrored into the index once the store
-//! acknowledged it, so reads (config pulls, rosters, metrics) never wait for the store and
-//! heartbeats that would not change a row cost no write. Store calls run on tokio's
-//! blocking pool under one lock, which also serialises index updates.
+//! Every state change is written to the store first and mirrored into the index once the
+//! store acknowledged it, so reads (config pulls, rosters, metrics) never wait for the store.
+//! Store calls run on tokio's blocking pool under one lock, which also serialises the index
+//! updates that follow them.
+//!
+//! Two things are cheaper than one write each:
+//! - Registrations are group-committed: concurrent ones queue, one committer task writes
+//!   up to 1 024 of them in one store call and answers each only after it.
+//! - A heartbeat of an instance that is already `active` changes only the index (its
+//!   last-seen time, which staleness is decided from) and marks the time unwritten;
+//!   [`Registry::flush_last_seen`] writes all of them in one store call (the server does
+//!   every [`LAST_SEEN_FLUSH_INTERVAL`] and when it stops). A crash loses at most those
+//!   times, never a state change. A stale sweep racing such a heartbeat may still mark the
+//!   instance `stale`; its next heartbeat revives it.
 //!
 //! A change is acknowledged only after the store made it durable; an error reaches the
 //! caller and leaves the index alone. The first failure of a burst is logged; the ones
@@ -22,7 +32,7 @@ pub use super::error::{RegistryError, RegistryErrorKind};
 pub use sqlite::{JOURNAL_SIZE_LIMIT, SqliteStore};
 
 use crate::wire::{Scope, ServiceType};
-use index::Index;
+use index::{Beat, Index};
 
 /// The lifecycle state of a registered instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -205,18 +215,23 @@ pub trait RegistryStore: Send {
     /// Every stored service.
     fn load(&mut self) -> Result<Vec<StoredService>, RegistryError>;
 
-    /// Upserts on (cluster, hostname, type) with `instance_id`, state `pending` and
-    /// `registered_at = now`; the last heartbeat and acknowledged revision survive.
-    fn register(
+    /// Upserts each `(registration, instance id)` on (cluster, hostname, type) with state
+    /// `pending` and `registered_at = now`; the last heartbeat and acknowledged revision
+    /// survive. All or nothing: the batch is one durable write (a group commit), answered
+    /// in order. A later entry for the same (cluster, hostname, type) wins.
+    fn register_batch(
         &mut self,
-        reg: &Registration,
-        instance_id: &str,
+        batch: &[(Registration, String)],
         now: i64,
-    ) -> Result<Upserted, RegistryError>;
+    ) -> Result<Vec<Upserted>, RegistryError>;
 
     /// Sets `last_heartbeat = at` and state `active` for each `(key, at)`, sorted by `at`,
-    /// then key, without repeats.
+    /// then key, with each key once.
     fn heartbeats(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError>;
+
+    /// Sets `last_heartbeat = at` for each `(key, at)`, sorted by `at`, then key, with each
+    /// key once; the state stays (last-seen times written behind).
+    fn last_seen(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError>;
 
     /// Sets the state `deregistered`.
     fn deregister(&mut self, key: i64) -> Result<(), RegistryError>;
@@ -235,10 +250,32 @@ pub trait RegistryStore: Send {
 /// they probe it with a write of their own.
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 
+/// How often a server writes the last-seen times kept in memory to the store (and once
+/// more when it stops). A crash loses at most this much of them, never a state change.
+pub const LAST_SEEN_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Registrations committed together in one store write at most: bounds the write's size
+/// (and WAL growth) and the wait of the first registration in the group.
+const GROUP_COMMIT_MAX: usize = 1024;
+
 struct Shared {
     store: Mutex<Box<dyn RegistryStore>>,
     index: RwLock<Index>,
     writes: WriteHealth,
+    registrations: Mutex<RegistrationQueue>,
+}
+
+/// A registration waiting for its group commit, and where its answer goes.
+struct Waiting {
+    reg: Registration,
+    reply: tokio::sync::oneshot::Sender<Result<Registered, RegistryError>>,
+}
+
+/// Registrations not yet committed; `committing` while a committer task drains them.
+#[derive(Default)]
+struct RegistrationQueue {
+    waiting: Vec<Waiting>,
+    committing: bool,
 }
 
 /// A run of failed writes: logged when it starts and when it ends, counted in between.
@@ -332,6 +369,7 @@ impl Registry {
                 store: Mutex::new(Box::new(store)),
                 index: RwLock::new(index),
                 writes: WriteHealth::default(),
+                registrations: Mutex::new(RegistrationQueue::default()),
             }),
         })
     }
@@ -356,94 +394,122 @@ impl Registry {
 
     /// Registers a member: upsert on (cluster, hostname, type) with a fresh instance id,
     /// state `pending`; last heartbeat and acknowledged revision survive re-registration.
+    ///
+    /// Concurrent registrations share one store write (group commit): each waits in a
+    /// queue, one committer task drains it into a batch (at most 1 024),
+    /// writes the batch and answers every registration in it only after the write is
+    /// durable. If the write fails, every registration of the batch gets the error.
     pub async fn register(&self, reg: Registration) -> Result<Registered, RegistryError> {
-        self.with_store(move |shared, store| {
-            let now = unix_seconds();
-            let instance = loop {
-                let candidate = u128::from_be_bytes(rand::random());
-                if !shared.index().knows(candidate) {
-                    break candidate;
-                }
-            };
-            let instance_id = format_instance_id(instance);
-            let upserted = shared
-                .writes
-                .record(store.register(&reg, &instance_id, now))?;
-            shared.index_mut().insert(
-                upserted.key,
-                instance,
-                Service {
-                    scope: reg.scope,
-                    cluster: reg.cluster,
-                    hostname: reg.hostname,
-                    service_type: reg.service_type,
-                    state: State::Pending,
-                    registered_at: now,
-                    last_heartbeat: upserted.last_heartbeat,
-                    config_revision: upserted.config_revision,
-                    meta: Arc::new(reg.meta),
-                },
-            );
-            Ok(Registered {
-                instance_id,
-                config_revision: upserted.config_revision,
-            })
-        })
-        .await
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let start_committer = {
+            let mut queue = self.shared.registrations();
+            queue.waiting.push(Waiting { reg, reply });
+            !std::mem::replace(&mut queue.committing, true)
+        };
+        if start_committer {
+            let shared = self.shared.clone();
+            // Not awaited: the committer answers through the queued reply channels.
+            drop(tokio::task::spawn_blocking(move || {
+                commit_registrations(&shared)
+            }));
+        }
+        answer.await.map_err(|_| RegistryError::interrupted())?
     }
 
     /// Applies heartbeats received at `at` (Unix seconds): live instances become `active`
     /// with `last_heartbeat = at`; unknown and deregistered ids are reported as not applied.
-    /// All writes happen in one store call.
+    ///
+    /// Only state changes (`pending` or `stale` to `active`) are written at once, all in one
+    /// store call, and acknowledged after it; the last-seen time of an instance that is
+    /// already `active` changes in memory and is written behind by
+    /// [`flush_last_seen`](Registry::flush_last_seen). A time never moves backwards.
     pub async fn heartbeat_batch(
         &self,
         beats: Vec<(u128, i64)>,
     ) -> Result<BatchOutcome, RegistryError> {
-        if beats.is_empty() {
-            return Ok(BatchOutcome::default());
-        }
-        self.with_store(move |shared, store| {
-            let mut applied = Vec::with_capacity(beats.len());
-            let mut writes: Vec<(i64, i64)> = Vec::new();
-            {
-                let index = shared.index();
-                for &(instance, at) in &beats {
-                    match index.get(instance) {
-                        Some((_, s)) if s.state == State::Deregistered => applied.push(false),
-                        Some((key, s)) => {
-                            applied.push(true);
-                            // A row that is already active with this second needs no write.
-                            if s.state != State::Active || s.last_heartbeat != Some(at) {
-                                writes.push((key, at));
-                            }
-                        }
-                        None => applied.push(false),
+        let mut applied = Vec::with_capacity(beats.len());
+        let mut revivals: Vec<(u128, i64)> = Vec::new();
+        {
+            let mut index = self.shared.index_mut();
+            for &(instance, at) in &beats {
+                match index.beat(instance, at) {
+                    Beat::Unknown | Beat::Deregistered => applied.push(false),
+                    Beat::Seen => applied.push(true),
+                    Beat::Revives(_) => {
+                        applied.push(true);
+                        revivals.push((instance, at));
                     }
                 }
             }
-            let mut activated = 0;
-            if !writes.is_empty() {
-                // Grouped by time and in key order: one statement updates a run of rows
-                // that share a timestamp, walking the B-tree pages in order.
+        }
+        if revivals.is_empty() {
+            return Ok(BatchOutcome {
+                applied,
+                activated: 0,
+            });
+        }
+        let activated = self
+            .with_store(move |shared, store| {
+                let mut writes: Vec<(i64, i64)> = Vec::with_capacity(revivals.len());
+                {
+                    // Again under the store lock: another batch may have revived some.
+                    let mut index = shared.index_mut();
+                    for (instance, at) in revivals {
+                        if let Beat::Revives(key) = index.beat(instance, at) {
+                            writes.push((key, at));
+                        }
+                    }
+                }
+                // Each key once, with its latest time; then grouped by time and in key
+                // order, so one statement updates a run of rows that share a timestamp.
+                writes.sort_unstable_by_key(|&(key, at)| (key, std::cmp::Reverse(at)));
+                writes.dedup_by_key(|w| w.0);
                 writes.sort_unstable_by_key(|&(key, at)| (at, key));
-                // A repeated heartbeat would make a multi-row update change fewer rows than
-                // it names.
-                writes.dedup();
+                if writes.is_empty() {
+                    return Ok(0);
+                }
                 shared.writes.record(store.heartbeats(&writes))?;
                 let mut index = shared.index_mut();
+                let mut activated = 0;
                 for (key, at) in writes {
+                    index.written(key, at);
                     if let Some(service) = index.get_mut(key) {
                         if service.state != State::Active {
                             activated += 1;
                         }
                         service.state = State::Active;
-                        service.last_heartbeat = Some(at);
+                        service.last_heartbeat = service.last_heartbeat.max(Some(at));
                     }
                 }
+                Ok(activated)
+            })
+            .await?;
+        Ok(BatchOutcome { applied, activated })
+    }
+
+    /// Writes the last-seen times kept in memory since the previous flush in one store
+    /// call; returns how many. On failure they stay in memory for the next flush.
+    pub async fn flush_last_seen(&self) -> Result<usize, RegistryError> {
+        self.with_store(|shared, store| {
+            let writes = shared.index_mut().take_dirty();
+            if writes.is_empty() {
+                return Ok(0);
             }
-            Ok(BatchOutcome { applied, activated })
+            match shared.writes.record(store.last_seen(&writes)) {
+                Ok(()) => Ok(writes.len()),
+                Err(e) => {
+                    shared.index_mut().restore_dirty(&writes);
+                    Err(e)
+                }
+            }
         })
         .await
+    }
+
+    /// How many last-seen times are in memory only, waiting for
+    /// [`flush_last_seen`](Registry::flush_last_seen).
+    pub fn unwritten_last_seen(&self) -> usize {
+        self.index().dirty_len()
     }
 
     /// Applies one heartbeat; `Ok(None)` when the id is unknown or deregistered, else
@@ -554,7 +620,116 @@ impl Registry {
     }
 }
 
+/// Drains the registration queue in group commits until it is empty. Runs on the blocking
+/// pool; at most one runs at a time (the queue's `committing` flag).
+fn commit_registrations(shared: &Shared) {
+    /// Clears `committing` if the committer panics, so the next registration starts one.
+    struct OnPanic<'a>(&'a Shared);
+    impl Drop for OnPanic<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                self.0.registrations().committing = false;
+            }
+        }
+    }
+    let _guard = OnPanic(shared);
+    loop {
+        // The store lock is taken before the queue is drained: registrations that arrive
+        // while another write holds it join this group.
+        let mut store = shared.store.lock().unwrap_or_else(|e| e.into_inner());
+        let group: Vec<Waiting> = {
+            let mut queue = shared.registrations();
+            if queue.waiting.is_empty() {
+                queue.committing = false;
+                return;
+            }
+            let n = queue.waiting.len().min(GROUP_COMMIT_MAX);
+            queue.waiting.drain(..n).collect()
+        };
+        commit_group(shared, store.as_mut(), group);
+    }
+}
+
+/// One group commit: fresh instance ids, one store write, then the index and the answers.
+fn commit_group(shared: &Shared, store: &mut dyn RegistryStore, group: Vec<Waiting>) {
+    let now = unix_seconds();
+    let mut batch = Vec::with_capacity(group.len());
+    let mut replies = Vec::with_capacity(group.len());
+    {
+        let index = shared.index();
+        let mut fresh = std::collections::HashSet::with_capacity(group.len());
+        for Waiting { reg, reply } in group {
+            let instance = loop {
+                let candidate = u128::from_be_bytes(rand::random());
+                if !index.knows(candidate) && fresh.insert(candidate) {
+                    break candidate;
+                }
+            };
+            batch.push((reg, format_instance_id(instance)));
+            replies.push((instance, reply));
+        }
+    }
+    let result = store.register_batch(&batch, now).and_then(|upserted| {
+        if upserted.len() == batch.len() {
+            Ok(upserted)
+        } else {
+            Err(RegistryError::new(
+                RegistryErrorKind::Corrupt,
+                "the store answered a different number of registrations than it was given",
+            ))
+        }
+    });
+    match shared.writes.record(result) {
+        Ok(upserted) => {
+            let mut index = shared.index_mut();
+            for (((reg, instance_id), (instance, reply)), upserted) in
+                batch.into_iter().zip(replies).zip(upserted)
+            {
+                // A last-seen time not yet written behind is newer than the store's.
+                let last_heartbeat = index
+                    .get_mut(upserted.key)
+                    .and_then(|s| s.last_heartbeat)
+                    .max(upserted.last_heartbeat);
+                index.insert(
+                    upserted.key,
+                    instance,
+                    Service {
+                        scope: reg.scope,
+                        cluster: reg.cluster,
+                        hostname: reg.hostname,
+                        service_type: reg.service_type,
+                        state: State::Pending,
+                        registered_at: now,
+                        last_heartbeat,
+                        config_revision: upserted.config_revision,
+                        meta: Arc::new(reg.meta),
+                    },
+                );
+                // The caller may have given up waiting; its registration stands anyway.
+                let _ = reply.send(Ok(Registered {
+                    instance_id,
+                    config_revision: upserted.config_revision,
+                }));
+            }
+        }
+        Err(e) => {
+            let mut replies = replies.into_iter();
+            let first = replies.next();
+            for (_, reply) in replies {
+                let _ = reply.send(Err(e.without_source()));
+            }
+            if let Some((_, reply)) = first {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+}
+
 impl Shared {
+    fn registrations(&self) -> std::sync::MutexGuard<'_, RegistrationQueue> {
+        self.registrations.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn index(&self) -> std::sync::RwLockReadGuard<'_, Index> {
         self.index.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -669,13 +844,15 @@ mod tests {
         fn load(&mut self) -> Result<Vec<StoredService>, RegistryError> {
             self.sync().load()
         }
-        fn register(
+        fn register_batch(
             &mut self,
-            reg: &Registration,
-            instance_id: &str,
+            batch: &[(Registration, String)],
             now: i64,
-        ) -> Result<Upserted, RegistryError> {
-            self.sync().register(reg, instance_id, now)
+        ) -> Result<Vec<Upserted>, RegistryError> {
+            self.sync().register_batch(batch, now)
+        }
+        fn last_seen(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError> {
+            self.sync().last_seen(writes)
         }
         fn heartbeats(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError> {
             self.sync().heartbeats(writes)
@@ -724,5 +901,158 @@ mod tests {
         broken.store(false, Relaxed);
         assert_eq!(r.heartbeat(&a.instance_id).await.unwrap(), Some(true));
         assert_eq!(r.writable().await, Ok(()));
+    }
+
+    /// SQLite that counts its registration writes and holds the first one back a while,
+    /// so that registrations arriving meanwhile queue up behind it.
+    struct Slow {
+        inner: Breakable,
+        batches: Arc<AtomicUsize>,
+    }
+
+    impl RegistryStore for Slow {
+        fn load(&mut self) -> Result<Vec<StoredService>, RegistryError> {
+            self.inner.load()
+        }
+        fn register_batch(
+            &mut self,
+            batch: &[(Registration, String)],
+            now: i64,
+        ) -> Result<Vec<Upserted>, RegistryError> {
+            if self.batches.fetch_add(1, Relaxed) == 0 {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            self.inner.register_batch(batch, now)
+        }
+        fn heartbeats(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError> {
+            self.inner.heartbeats(writes)
+        }
+        fn last_seen(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError> {
+            self.inner.last_seen(writes)
+        }
+        fn deregister(&mut self, key: i64) -> Result<(), RegistryError> {
+            self.inner.deregister(key)
+        }
+        fn acknowledge(&mut self, key: i64, revision: i64) -> Result<(), RegistryError> {
+            self.inner.acknowledge(key, revision)
+        }
+        fn mark_stale(&mut self, keys: &[i64]) -> Result<(), RegistryError> {
+            self.inner.mark_stale(keys)
+        }
+        fn probe(&mut self) -> Result<(), RegistryError> {
+            self.inner.probe()
+        }
+    }
+
+    fn slow(broken: bool) -> (Registry, Arc<AtomicUsize>) {
+        let batches = Arc::new(AtomicUsize::new(0));
+        let store = Slow {
+            inner: Breakable {
+                inner: SqliteStore::open(None).unwrap(),
+                broken: Arc::new(AtomicBool::new(broken)),
+            },
+            batches: batches.clone(),
+        };
+        (Registry::new(store).unwrap(), batches)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_registrations_share_store_writes_and_each_gets_its_own_id() {
+        let (r, batches) = slow(false);
+        let mut tasks = Vec::new();
+        for i in 0..200 {
+            let r = r.clone();
+            // Host 0 registers twice: both answers are acknowledged, the later id wins.
+            let host = format!("f{:04}", if i == 199 { 0 } else { i });
+            tasks.push(tokio::spawn(async move { r.register(reg(&host)).await }));
+        }
+        let mut ids = std::collections::HashSet::new();
+        for task in tasks {
+            ids.insert(task.await.unwrap().unwrap().instance_id);
+        }
+        assert_eq!(ids.len(), 200);
+        assert_eq!(r.counts().pending, 199);
+        let resolving = ids.iter().filter(|id| r.lookup(id).is_some()).count();
+        assert_eq!(resolving, 199);
+        let writes = batches.load(Relaxed);
+        assert!(
+            writes < 200 / 4,
+            "{writes} store writes for 200 registrations"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_group_commit_answers_every_registration_in_it_with_the_error() {
+        let (r, _) = slow(true);
+        let mut tasks = Vec::new();
+        for i in 0..50 {
+            let r = r.clone();
+            tasks.push(tokio::spawn(async move {
+                r.register(reg(&format!("f{i:04}"))).await
+            }));
+        }
+        for task in tasks {
+            let e = task.await.unwrap().unwrap_err();
+            assert_eq!(e.kind(), RegistryErrorKind::Unavailable);
+        }
+        assert_eq!(r.counts(), StateCounts::default());
+    }
+
+    #[tokio::test]
+    async fn heartbeats_of_active_instances_write_nothing_until_the_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.sqlite");
+        let r = Registry::open(Some(&path)).unwrap();
+        let a = r.register(reg("f0101")).await.unwrap();
+        let b = r.register(reg("f0102")).await.unwrap();
+        let (ia, ib) = (
+            parse_instance_id(&a.instance_id).unwrap(),
+            parse_instance_id(&b.instance_id).unwrap(),
+        );
+        // pending -> active is a state change: durable at once.
+        let first = r.heartbeat_batch(vec![(ia, 100), (ib, 100)]).await.unwrap();
+        assert_eq!(first.activated, 2);
+        let stored = |id: &str| Registry::open(Some(&path)).unwrap().lookup(id).unwrap();
+        assert_eq!(stored(&a.instance_id).last_heartbeat, Some(100));
+        // Repeats change memory only; an older time does not move it back.
+        let again = r
+            .heartbeat_batch(vec![(ia, 130), (ib, 120), (ib, 110)])
+            .await
+            .unwrap();
+        assert_eq!((again.applied, again.activated), (vec![true; 3], 0));
+        assert_eq!(r.lookup(&b.instance_id).unwrap().last_heartbeat, Some(120));
+        assert_eq!(r.unwritten_last_seen(), 2);
+        assert_eq!(stored(&a.instance_id).last_heartbeat, Some(100));
+        // Stale decisions use the times in memory.
+        assert_eq!(r.mark_stale(125).await.unwrap(), 1);
+        assert_eq!(r.flush_last_seen().await.unwrap(), 2);
+        assert_eq!(r.unwritten_last_seen(), 0);
+        let (sa, sb) = (stored(&a.instance_id), stored(&b.instance_id));
+        assert_eq!((sa.state, sa.last_heartbeat), (State::Active, Some(130)));
+        // Writing a last-seen time behind does not revive a stale instance.
+        assert_eq!((sb.state, sb.last_heartbeat), (State::Stale, Some(120)));
+        assert_eq!(r.flush_last_seen().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn last_seen_times_whose_write_failed_are_written_by_the_next_flush() {
+        let broken = Arc::new(AtomicBool::new(false));
+        let r = Registry::new(Breakable {
+            inner: SqliteStore::open(None).unwrap(),
+            broken: broken.clone(),
+        })
+        .unwrap();
+        let a = r.register(reg("f0101")).await.unwrap();
+        let ia = parse_instance_id(&a.instance_id).unwrap();
+        r.heartbeat_batch(vec![(ia, 100)]).await.unwrap();
+        r.heartbeat_batch(vec![(ia, 110)]).await.unwrap();
+        broken.store(true, Relaxed);
+        assert!(r.flush_last_seen().await.is_err());
+        r.heartbeat_batch(vec![(ia, 105)]).await.unwrap();
+        assert_eq!(r.unwritten_last_seen(), 1);
+        broken.store(false, Relaxed);
+        assert_eq!(r.flush_last_seen().await.unwrap(), 1);
+        let reloaded = Index::from_stored(r.shared.store.lock().unwrap().load().unwrap());
+        assert_eq!(reloaded.get(ia).unwrap().1.last_heartbeat, Some(110));
     }
 }

@@ -25,7 +25,7 @@ use crate::wire::{Scope, ServiceType};
 /// stated so the bound below can be derived from it): about 4 MiB with 4 KiB pages.
 const WAL_AUTOCHECKPOINT: i64 = 1000;
 /// The size the WAL file is truncated back to after a checkpoint. The file grows past
-/// [`WAL_AUTOCHECKPOINT`] frames only by the last transaction, which for a large heartbeat
+/// `WAL_AUTOCHECKPOINT` frames only by the last transaction, which for a large heartbeat
 /// batch can be tens of MiB; this gives that space back once it is checkpointed.
 pub const JOURNAL_SIZE_LIMIT: i64 = 16 << 20;
 /// Rows per multi-row heartbeat `UPDATE`.
@@ -129,6 +129,45 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// Runs `UPDATE service SET {set}` with `?1` bound to the time, for each `(key, time)`
+    /// (sorted by time, each key once), in one transaction.
+    fn set_times(&mut self, writes: &[(i64, i64)], set: &str) -> Result<(), RegistryError> {
+        let chunk_sql = format!(
+            "UPDATE service SET {set} WHERE id IN ({})",
+            (2..UPDATE_CHUNK + 2)
+                .map(|i| format!("?{i}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let one_sql = format!("UPDATE service SET {set} WHERE id = ?2");
+        self.write(|tx| {
+            for same_time in writes.chunk_by(|a, b| a.1 == b.1) {
+                let at = same_time[0].1;
+                let mut chunks = same_time.chunks_exact(UPDATE_CHUNK);
+                if chunks.len() > 0 {
+                    let mut stmt = tx.prepare_cached(&chunk_sql)?;
+                    for chunk in chunks.by_ref() {
+                        stmt.raw_bind_parameter(1, at)?;
+                        for (i, &(key, _)) in chunk.iter().enumerate() {
+                            stmt.raw_bind_parameter(i + 2, key)?;
+                        }
+                        expect_changed(stmt.raw_execute()?, UPDATE_CHUNK)?;
+                    }
+                }
+                let rest = chunks.remainder();
+                if !rest.is_empty() {
+                    let mut stmt = tx.prepare_cached(&one_sql)?;
+                    for &(key, _) in rest {
+                        expect_changed(stmt.execute(params![at, key])?, 1)?;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
 /// Every write targets rows the index says exist; a different count means the index and
 /// the database disagree, and acknowledging the write would be a lie.
 fn expect_changed(changed: usize, expected: usize) -> Result<(), RegistryError> {
@@ -200,17 +239,11 @@ impl RegistryStore for SqliteStore {
         Ok(stored)
     }
 
-    fn register(
+    fn register_batch(
         &mut self,
-        reg: &Registration,
-        instance_id: &str,
+        batch: &[(Registration, String)],
         now: i64,
-    ) -> Result<Upserted, RegistryError> {
-        let meta_json = if reg.meta.is_empty() {
-            None
-        } else {
-            Some(serde_json::to_string(&reg.meta).expect("string map serializes"))
-        };
+    ) -> Result<Vec<Upserted>, RegistryError> {
         self.write(|tx| {
             let mut stmt = tx.prepare_cached(
                 "INSERT INTO service (cluster, hostname, service_type, instance_id, scope, \
@@ -222,64 +255,44 @@ impl RegistryStore for SqliteStore {
                  meta_data = excluded.meta_data \
                  RETURNING id, last_heartbeat, config_revision",
             )?;
-            let mut rows = stmt.query(params![
-                reg.cluster,
-                reg.hostname,
-                reg.service_type.code(),
-                instance_id,
-                reg.scope.as_str(),
-                now,
-                meta_json
-            ])?;
-            let row = rows.next()?.ok_or_else(|| {
-                RegistryError::new(RegistryErrorKind::Corrupt, "an upsert returned no row")
-            })?;
-            let upserted = Upserted {
-                key: row.get(0)?,
-                last_heartbeat: row.get(1)?,
-                config_revision: row.get(2)?,
-            };
-            // Step to the end: an error SQLite reports after the returned row must not be
-            // lost in the statement reset.
-            while rows.next()?.is_some() {}
-            Ok(upserted)
+            let mut answers = Vec::with_capacity(batch.len());
+            for (reg, instance_id) in batch {
+                let meta_json = if reg.meta.is_empty() {
+                    None
+                } else {
+                    Some(serde_json::to_string(&reg.meta).expect("string map serializes"))
+                };
+                let mut rows = stmt.query(params![
+                    reg.cluster,
+                    reg.hostname,
+                    reg.service_type.code(),
+                    instance_id,
+                    reg.scope.as_str(),
+                    now,
+                    meta_json
+                ])?;
+                let row = rows.next()?.ok_or_else(|| {
+                    RegistryError::new(RegistryErrorKind::Corrupt, "an upsert returned no row")
+                })?;
+                answers.push(Upserted {
+                    key: row.get(0)?,
+                    last_heartbeat: row.get(1)?,
+                    config_revision: row.get(2)?,
+                });
+                // Step to the end: an error SQLite reports after the returned row must not
+                // be lost in the statement reset.
+                while rows.next()?.is_some() {}
+            }
+            Ok(answers)
         })
     }
 
     fn heartbeats(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError> {
-        let chunk_sql = format!(
-            "UPDATE service SET last_heartbeat = ?1, state = 'active' WHERE id IN ({})",
-            (2..UPDATE_CHUNK + 2)
-                .map(|i| format!("?{i}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        self.write(|tx| {
-            for same_time in writes.chunk_by(|a, b| a.1 == b.1) {
-                let at = same_time[0].1;
-                let mut chunks = same_time.chunks_exact(UPDATE_CHUNK);
-                if chunks.len() > 0 {
-                    let mut stmt = tx.prepare_cached(&chunk_sql)?;
-                    for chunk in chunks.by_ref() {
-                        stmt.raw_bind_parameter(1, at)?;
-                        for (i, &(key, _)) in chunk.iter().enumerate() {
-                            stmt.raw_bind_parameter(i + 2, key)?;
-                        }
-                        expect_changed(stmt.raw_execute()?, UPDATE_CHUNK)?;
-                    }
-                }
-                let rest = chunks.remainder();
-                if !rest.is_empty() {
-                    let mut stmt = tx.prepare_cached(
-                        "UPDATE service SET last_heartbeat = ?1, state = 'active' WHERE id = ?2",
-                    )?;
-                    for &(key, _) in rest {
-                        expect_changed(stmt.execute(params![at, key])?, 1)?;
-                    }
-                }
-            }
-            Ok(())
-        })
+        self.set_times(writes, "last_heartbeat = ?1, state = 'active'")
+    }
+
+    fn last_seen(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError> {
+        self.set_times(writes, "last_heartbeat = ?1")
     }
 
     fn deregister(&mut self, key: i64) -> Result<(), RegistryError> {
