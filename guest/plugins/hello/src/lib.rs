@@ -17,7 +17,10 @@ impl Plugin for Hello {
     }
 
     fn collect(&mut self, now_ns: i64) -> Result<(), String> {
-        emit(&[Point::new("hello").tag("type", "node").field("value", FieldValue::Int(1)).at(now_ns)])
+        emit(&[Point::new("hello")
+            .tag("type", "node")
+            .field("value", FieldValue::Int(1))
+            .at(now_ns)])
     }
 }
 
