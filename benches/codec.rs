@@ -44,7 +44,7 @@ fn heartbeats(n: u64) -> Input {
 fn providers(n: usize) -> Vec<Provider> {
     (0..n)
         .map(|i| Provider {
-            service_type: ServiceType::MetricStore,
+            service_type: ServiceType::MetricStore.into(),
             hostname: format!("node{i:04}.cluster.example.org"),
             state: "active".into(),
             meta: BTreeMap::from([

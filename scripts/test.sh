@@ -60,3 +60,6 @@ scripts/build-guests.sh
 
 say "cargo test"
 cargo test --workspace --all-features --no-fail-fast
+
+say "fuzzing the codec (cargo-fuzz, 60 s per target, two at a time)"
+scripts/fuzz.sh 60

@@ -2,6 +2,8 @@
 //! shared by the fleet server and the agent.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -14,7 +16,8 @@ pub const ENV_NATS_USERNAME: &str = "CC_NATS_USERNAME";
 pub const ENV_NATS_PASSWORD: &str = "CC_NATS_PASSWORD";
 
 /// The `nats` section: `address`, `username`, `password`, `creds-file-path`,
-/// `nkey-seed-file`. Its `Debug` output never shows the credentials.
+/// `nkey-seed-file`. Its `Debug` output never shows the credentials, including those an
+/// address may carry (`nats://user:password@host`).
 #[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct NatsConfig {
@@ -62,7 +65,7 @@ pub enum NatsConfigError {
 impl fmt::Debug for NatsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsConfig")
-            .field("address", &self.address)
+            .field("address", &display_address(&self.address))
             .field("username", &(!self.username.is_empty()))
             .field("password", &(!self.password.is_empty()))
             .field("creds_file_path", &self.creds_file_path)
@@ -72,6 +75,12 @@ impl fmt::Debug for NatsConfig {
 }
 
 impl NatsConfig {
+    /// The server address as logs may show it: `scheme://host:port`, without the user name,
+    /// password or token an address may carry (see [`display_address`]).
+    pub fn display_address(&self) -> String {
+        display_address(&self.address)
+    }
+
     /// Connection options as cc-lib sets them up: credentials from the section or the
     /// environment, the first connection retried and reconnects forever (a service starts
     /// while NATS is down), and reconnect attempts backing off from 100 ms to 2 s so a
@@ -116,6 +125,219 @@ impl NatsConfig {
     }
 }
 
+/// `scheme://host:port` of a NATS address, without the credentials (`user:password@` or
+/// `token@`) it may carry, its path or its query; for logs and errors.
+pub fn display_address(address: &str) -> String {
+    match address.parse::<async_nats::ServerAddr>() {
+        Ok(addr) => {
+            let host = addr.host();
+            if host.contains(':') {
+                format!("{}://[{host}]:{}", addr.scheme(), addr.port())
+            } else {
+                format!("{}://{host}:{}", addr.scheme(), addr.port())
+            }
+        }
+        // The text may hold a password: none of it is shown.
+        Err(_) => "<an invalid NATS address>".to_owned(),
+    }
+}
+
+/// How long [`ConnectionReporter`] tries a plain TCP connection to find out why NATS is
+/// unreachable.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Logs the events of one NATS connection so an outage costs a few lines instead of one per
+/// reconnect attempt: the first failure is a warning naming the address (never its
+/// credentials) and the reason, repeats are logged at debug level, and the recovery at info
+/// level. Hand [`ConnectionReporter::on_event`] to
+/// [`async_nats::ConnectOptions::event_callback`].
+///
+/// async-nats reports a failed attempt only by its kind (`IO error`); for the reason, the
+/// reporter tries one plain TCP connection to the address when an outage begins, which tells
+/// `connection refused` from a timeout or an unknown host.
+#[derive(Clone)]
+pub struct ConnectionReporter {
+    inner: Arc<ReporterInner>,
+}
+
+struct ReporterInner {
+    address: String,
+    /// `host:port` for the TCP probe; `None` when the address does not parse.
+    probe: Option<(String, u16)>,
+    connected: AtomicBool,
+    state: Mutex<Reported>,
+}
+
+/// What was reported already.
+#[derive(Debug, Default)]
+struct Reported {
+    link: Link,
+    /// The last server error, warned about once; repeats go to debug.
+    server_error: Option<String>,
+    /// Whether a slow consumer was warned about since the connection came up.
+    slow_consumer: bool,
+    /// Whether the connection was ever up (a first connection after failures is no return).
+    was_up: bool,
+}
+
+/// Where the connection stands, as far as logging is concerned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+enum Link {
+    /// Not connected yet, nothing reported.
+    #[default]
+    Starting,
+    /// Connected.
+    Up,
+    /// The connection was lost (reported); no reconnect attempt has failed yet.
+    Lost,
+    /// Reconnect attempts fail; the first failure was reported.
+    Down,
+}
+
+/// The state lock only guards plain assignments, so a poisoned lock is still consistent.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl fmt::Debug for ConnectionReporter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionReporter")
+            .field("address", &self.inner.address)
+            .field("connected", &self.is_connected())
+            .finish()
+    }
+}
+
+impl ConnectionReporter {
+    /// A reporter for the connection to `address` (credentials in it are never shown).
+    pub fn new(address: &str) -> ConnectionReporter {
+        let probe = address
+            .parse::<async_nats::ServerAddr>()
+            .ok()
+            .map(|addr| (addr.host().to_owned(), addr.port()));
+        ConnectionReporter {
+            inner: Arc::new(ReporterInner {
+                address: display_address(address),
+                probe,
+                connected: AtomicBool::new(false),
+                state: Mutex::new(Reported::default()),
+            }),
+        }
+    }
+
+    /// The address as the reporter shows it (see [`display_address`]).
+    pub fn address(&self) -> &str {
+        &self.inner.address
+    }
+
+    /// Whether the last event logged said the connection is up (for display; the client's
+    /// `connection_state` is authoritative, as async-nats drops events it cannot queue).
+    pub fn is_connected(&self) -> bool {
+        self.inner.connected.load(Ordering::Relaxed)
+    }
+
+    /// Logs `event` (see the type's documentation).
+    pub async fn on_event(&self, event: async_nats::Event) {
+        let address = self.address();
+        match event {
+            async_nats::Event::Connected => {
+                self.inner.connected.store(true, Ordering::Relaxed);
+                let again = {
+                    let mut state = lock(&self.inner.state);
+                    state.server_error = None;
+                    state.slow_consumer = false;
+                    state.link = Link::Up;
+                    std::mem::replace(&mut state.was_up, true)
+                };
+                if again {
+                    tracing::info!(address, "NATS connected again");
+                } else {
+                    tracing::info!(address, "NATS connected");
+                }
+            }
+            async_nats::Event::Disconnected => {
+                self.inner.connected.store(false, Ordering::Relaxed);
+                lock(&self.inner.state).link = Link::Lost;
+                tracing::warn!(address, "NATS disconnected; reconnecting");
+            }
+            async_nats::Event::ClientError(error) => {
+                let first = {
+                    let mut state = lock(&self.inner.state);
+                    let first = matches!(state.link, Link::Starting | Link::Lost);
+                    if state.link != Link::Up {
+                        state.link = Link::Down;
+                    }
+                    first
+                };
+                if first {
+                    let reason = match self.probe().await {
+                        Some(cause) => format!("{error} ({cause})"),
+                        None => error.to_string(),
+                    };
+                    tracing::warn!(
+                        address,
+                        error = %reason,
+                        "NATS unreachable; retrying with backoff (repeats are logged at debug level until it recovers)"
+                    );
+                } else {
+                    tracing::debug!(address, %error, "NATS still unreachable");
+                }
+            }
+            async_nats::Event::ServerError(error) => {
+                let text = error.to_string();
+                let repeated = {
+                    let mut state = lock(&self.inner.state);
+                    let repeated = state.server_error.as_deref() == Some(text.as_str());
+                    state.server_error = Some(text);
+                    repeated
+                };
+                if repeated {
+                    tracing::debug!(address, %error, "NATS server error again");
+                } else {
+                    tracing::warn!(address, %error, "NATS server error");
+                }
+            }
+            async_nats::Event::SlowConsumer(sid) => {
+                let repeated = std::mem::replace(&mut lock(&self.inner.state).slow_consumer, true);
+                if repeated {
+                    tracing::debug!(address, subscription = sid, "NATS: slow consumer again");
+                } else {
+                    tracing::warn!(
+                        address,
+                        subscription = sid,
+                        "NATS: a subscription is not read fast enough; messages are dropped"
+                    );
+                }
+            }
+            async_nats::Event::LameDuckMode => {
+                tracing::warn!(address, "NATS server is shutting down (lame duck mode)");
+            }
+            async_nats::Event::Draining | async_nats::Event::Closed => {
+                self.inner.connected.store(false, Ordering::Relaxed);
+                tracing::debug!(address, %event, "NATS connection closing");
+            }
+        }
+    }
+
+    /// Why a plain TCP connection to the address fails, if it does.
+    async fn probe(&self) -> Option<String> {
+        let (host, port) = self.inner.probe.as_ref()?;
+        match tokio::time::timeout(
+            PROBE_TIMEOUT,
+            tokio::net::TcpStream::connect((host.as_str(), *port)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => None,
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(_) => Some(format!(
+                "no answer within {}",
+                crate::duration::GoDuration(PROBE_TIMEOUT)
+            )),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +355,42 @@ mod tests {
             !shown.contains("hunter2") && !shown.contains("\"cc\""),
             "{shown}"
         );
+        let in_address = NatsConfig {
+            address: "nats://cc:hunter2@127.0.0.1:4222".into(),
+            ..NatsConfig::default()
+        };
+        let shown = format!("{in_address:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
         assert!(serde_json::from_str::<NatsConfig>(r#"{"address":"x","pasword":"y"}"#).is_err());
+    }
+
+    #[test]
+    fn the_displayed_address_never_holds_credentials() {
+        assert_eq!(
+            display_address("nats://cc:hunter2@nats01:4223"),
+            "nats://nats01:4223"
+        );
+        assert_eq!(
+            display_address("tls://s3cr3t-token@nats01"),
+            "tls://nats01:4222"
+        );
+        assert_eq!(
+            display_address("cc:hunter2@127.0.0.1"),
+            "nats://127.0.0.1:4222"
+        );
+        assert_eq!(
+            display_address("nats://u:p@[::1]:4222/x?password=hunter2"),
+            "nats://[::1]:4222"
+        );
+        let invalid = display_address("nats://cc:hunter2@nats01:notaport");
+        assert!(!invalid.contains("hunter2"), "{invalid}");
+        let config = NatsConfig {
+            address: "nats://cc:hunter2@nats01:4222".into(),
+            ..NatsConfig::default()
+        };
+        assert_eq!(config.display_address(), "nats://nats01:4222");
+        let reporter = ConnectionReporter::new(&config.address);
+        assert_eq!(reporter.address(), "nats://nats01:4222");
+        assert!(!format!("{reporter:?}").contains("hunter2"));
     }
 }

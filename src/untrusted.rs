@@ -38,7 +38,10 @@ impl<'a> Untrusted<'a> {
 
     /// Wraps bytes that may not be UTF-8; invalid sequences are shown as `\x..` escapes.
     pub fn bytes(bytes: &'a [u8]) -> UntrustedBytes<'a> {
-        UntrustedBytes { bytes, cap: DEFAULT_CAP }
+        UntrustedBytes {
+            bytes,
+            cap: DEFAULT_CAP,
+        }
     }
 }
 
@@ -195,7 +198,10 @@ mod tests {
             Untrusted(&long).to_string(),
             format!("{}… (44 more bytes)", "y".repeat(256))
         );
-        assert_eq!(Untrusted("abcdef").capped(3).to_string(), "abc… (3 more bytes)");
+        assert_eq!(
+            Untrusted("abcdef").capped(3).to_string(),
+            "abc… (3 more bytes)"
+        );
     }
 
     #[test]

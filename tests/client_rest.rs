@@ -331,6 +331,93 @@ async fn bootstrap_confirms_the_cache_with_304_and_falls_back_to_it_offline() {
     assert_eq!(cached["identity"]["hostname"], HOST);
 }
 
+/// A proxy answering 503 (or 429) while cc-backend restarts must not stop a service that has
+/// a cached configuration: bootstrap offers the cache as unreachable, and the run loop
+/// registers once the proxy forwards again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_503_at_start_falls_back_to_the_cache_and_the_run_loop_recovers() {
+    let fleet = Fleet::start(FleetSetup::default()).await;
+    fleet.author(LEAF, r#"{"interval": "5s"}"#).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache_path(&dir);
+    let options = || {
+        let mut opts = fleet.options();
+        opts.config.cache_path = Some(cache.clone());
+        opts.config.heartbeat_interval = Duration::from_millis(100);
+        opts.config.config_poll_interval = Duration::from_millis(100);
+        opts
+    };
+    let first = Client::new(options()).unwrap();
+    let cached = first.bootstrap(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(cached.source, Source::Fleet);
+    first.close(Duration::from_secs(5)).await.unwrap();
+
+    for status in [429, 502, 504] {
+        fleet.relay.answer_with(Some(status));
+        let err = Client::new(options())
+            .unwrap()
+            .bootstrap(Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(err.is_unreachable(), "{status}: {err}");
+        assert_eq!(err.fallback().source, Source::Cache, "{status}");
+    }
+    // A client error is not transient: the service is told, with the cache still offered.
+    fleet.relay.answer_with(Some(400));
+    let err = Client::new(options())
+        .unwrap()
+        .bootstrap(Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BootstrapError::Failed { .. }), "{err}");
+
+    fleet.relay.answer_with(Some(503));
+    let client = Client::new(options()).unwrap();
+    let err = client.bootstrap(Duration::from_secs(5)).await.unwrap_err();
+    assert!(err.is_unreachable(), "{err}");
+    assert_eq!(err.error().status().map(|s| s.code), Some(503));
+    assert!(
+        err.to_string().contains("cc-backend unreachable") && err.to_string().contains("503"),
+        "{err}"
+    );
+    let fallback = err.into_fallback();
+    assert_eq!(fallback.source, Source::Cache);
+    assert_eq!(fallback.config, cached.config);
+    assert_eq!(fallback.revision, cached.revision);
+
+    let run = tokio::spawn({
+        let client = client.clone();
+        async move { client.run().await }
+    });
+    // Registration is retried with backoff (1 s, 2 s, ...) while the proxy answers 503,
+    // although heartbeats and polls tick every 100 ms.
+    eventually(
+        "a retried registration",
+        Duration::from_secs(10),
+        || async { fleet.relay.count("POST register 503") >= 2 },
+    )
+    .await;
+    let retries = fleet.relay.count("POST register 503");
+    assert!(
+        retries <= 3,
+        "{retries} registrations within about a second"
+    );
+    fleet.relay.answer_with(None);
+    eventually(
+        "registration once the proxy forwards again",
+        Duration::from_secs(10),
+        || async { client.registered() },
+    )
+    .await;
+    // The cached configuration is still current: confirmed by 304.
+    eventually("the cache confirmed", Duration::from_secs(10), || async {
+        fleet.relay.count("GET config 304") >= 1
+    })
+    .await;
+    client.close(Duration::from_secs(5)).await.unwrap();
+    run.await.unwrap().unwrap();
+}
+
 #[tokio::test]
 async fn bootstrap_times_out_as_unreachable() {
     // Accepts connections and never answers.

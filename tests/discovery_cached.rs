@@ -92,6 +92,7 @@ impl Discoverer for Scripted {
         next.map_err(|status| DiscoveryError::Status {
             operation: format!("listing {}", self.name),
             status,
+            message: None,
         })
     }
 
@@ -519,4 +520,60 @@ async fn merged_caches_report_not_yet_synced_until_both_refreshed() {
     assert!(matches!(err, DiscoveryError::Fallback(_)) && err.is_not_yet_synced());
     fallback.refresh().await.unwrap();
     assert_eq!(merged.list_instances().await.unwrap().len(), 2);
+}
+
+/// Log lines written while the returned guard lives (this thread only, which is where a
+/// current-thread test runtime runs every task).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        (logs.clone(), tracing::subscriber::set_default(subscriber))
+    }
+
+    fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+#[tokio::test]
+async fn stopping_the_refresh_loop_is_logged_at_info() {
+    let (logs, _guard) = Logs::capture();
+    let cached = Cached::new(Arc::new(Static::new(&["10.0.0.1"], 5008).unwrap()));
+    cached.start().await;
+    cached.stop().await;
+    let lines = logs.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(" INFO ") && l.contains("stopping service discovery keep-in-sync")),
+        "{lines:#?}"
+    );
 }

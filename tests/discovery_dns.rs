@@ -350,3 +350,203 @@ fn defaults_match_the_reference() {
     assert_eq!(ccfleet::discovery::DNS_ATTEMPTS, 3);
     assert_eq!(ccfleet::discovery::DNS_RETRY_WAIT, Duration::from_millis(5));
 }
+
+/// Log lines written while the returned guard lives (this thread only, which is where a
+/// current-thread test runtime runs every task).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        (logs.clone(), tracing::subscriber::set_default(subscriber))
+    }
+
+    fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+#[tokio::test]
+async fn a_resolver_given_by_host_name_and_port_is_looked_up() {
+    let server = dns_server(&[("orch.example", Answer::A(vec![ip("10.0.0.1")]))]).await;
+    let resolver = format!("localhost:{}", server.addr.port());
+    let config = ccfleet::discovery::provider::Config::from_env_map(
+        "SD_",
+        [
+            ("SD_PROVIDER", "DNS"),
+            ("SD_DNS_QUERY", "orch.example"),
+            ("SD_DNS_RESOLVER_ADDRESS", resolver.as_str()),
+        ],
+    )
+    .unwrap();
+    let provider =
+        ccfleet::discovery::provider::new(&config).expect("a named resolver is accepted");
+    provider.start().await;
+    let got = tokio::time::timeout(Duration::from_secs(8), async {
+        loop {
+            match provider.list_instances().await {
+                Err(e) if e.is_not_yet_synced() => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the first refresh completes");
+    provider.stop().await;
+    let got = got.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].address(), "10.0.0.1:5008");
+    assert_eq!(server.zone.queries("orch.example"), 1);
+}
+
+#[test]
+fn resolver_addresses_accept_ips_and_host_names_with_port_53_by_default() {
+    use ccfleet::discovery::ResolverAddress;
+    assert_eq!(
+        Dns::parse_resolver("10.0.0.2").unwrap(),
+        ResolverAddress::Ip("10.0.0.2:53".parse().unwrap())
+    );
+    assert_eq!(
+        Dns::parse_resolver("localhost:5353").unwrap(),
+        ResolverAddress::Name {
+            host: "localhost".into(),
+            port: 5353
+        }
+    );
+    assert_eq!(
+        Dns::parse_resolver("resolver.internal").unwrap(),
+        ResolverAddress::Name {
+            host: "resolver.internal".into(),
+            port: 53
+        }
+    );
+    for bad in ["resolver:dns", "a:b:c", ":53", "two words"] {
+        let err = Dns::parse_resolver(bad).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DiscoveryError::InvalidSetting {
+                    name: "DNS_RESOLVER_ADDRESS",
+                    ..
+                }
+            ),
+            "{bad:?}: {err:?}"
+        );
+        assert!(err.to_string().contains("host:port"), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_resolver_name_that_does_not_resolve_is_an_error_naming_it() {
+    let dns = Dns::new(
+        hosts(&["orch.example"]),
+        Dns::parse_resolver("no-such-resolver.invalid:53").unwrap(),
+        5008,
+    );
+    let err = dns.list_instances().await.unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("no-such-resolver.invalid:53"), "{text}");
+}
+
+#[tokio::test]
+async fn a_silent_name_costs_only_itself_inside_the_refresh() {
+    let server = dns_server(&[
+        ("up.example", Answer::A(vec![ip("10.0.0.1")])),
+        ("mute1.example", Answer::Silent),
+        ("mute2.example", Answer::Silent),
+        ("mute3.example", Answer::Silent),
+        ("mute4.example", Answer::Silent),
+    ])
+    .await;
+    // Four silent names at 3 x 250 ms each take 3 s one after the other, more than the
+    // refresh may take; side by side they take 750 ms and the answered name gets through.
+    let dns = Dns::new(
+        hosts(&[
+            "mute1.example",
+            "mute2.example",
+            "up.example",
+            "mute3.example",
+            "mute4.example",
+        ]),
+        server.addr,
+        5008,
+    )
+    .with_exchange_timeout(Duration::from_millis(250));
+    let cached = ccfleet::discovery::Cached::with_timing(
+        Arc::new(dns),
+        Duration::from_secs(3600),
+        Duration::from_secs(2),
+    );
+    cached.refresh().await.expect("the refresh completes");
+    let got = cached.list_instances().await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].address(), "10.0.0.1:5008");
+}
+
+#[tokio::test]
+async fn each_name_has_its_own_deadline_and_a_late_one_is_a_partial_failure() {
+    let server = dns_server(&[
+        ("up.example", Answer::A(vec![ip("10.0.0.1")])),
+        ("mute.example", Answer::Silent),
+    ])
+    .await;
+    let (logs, _guard) = Logs::capture();
+    let dns = Dns::new(hosts(&["mute.example", "up.example"]), server.addr, 5008)
+        .with_name_deadline(Duration::from_millis(300));
+    let got = dns.list_instances().await.unwrap();
+    assert_eq!(got.len(), 1, "the answered name is listed");
+    // The exchange timeout is 2 s; the name's deadline cut it after 300 ms.
+    assert_eq!(server.zone.queries("mute.example"), 1);
+    let warnings: Vec<String> = logs
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("WARN"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("mute.example"), "{warnings:?}");
+    assert!(warnings[0].contains("300ms"), "{warnings:?}");
+
+    let alone = Dns::new(hosts(&["mute.example"]), server.addr, 5008)
+        .with_name_deadline(Duration::from_millis(300));
+    let err = alone.list_instances().await.unwrap_err();
+    assert!(
+        matches!(&err, DiscoveryError::DnsAllFailed(e) if matches!(&e[..], [DiscoveryError::DnsTimeout { host, after }] if host == "mute.example" && *after == Duration::from_millis(300))),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn the_name_deadline_stays_under_the_refresh_timeout() {
+    assert!(ccfleet::discovery::DNS_NAME_DEADLINE < ccfleet::discovery::CACHE_REFRESH_INTERVAL);
+    let per_name = ccfleet::discovery::DNS_EXCHANGE_TIMEOUT * ccfleet::discovery::DNS_ATTEMPTS
+        + ccfleet::discovery::DNS_RETRY_WAIT * (ccfleet::discovery::DNS_ATTEMPTS - 1);
+    assert!(per_name <= ccfleet::discovery::DNS_NAME_DEADLINE);
+}

@@ -197,7 +197,7 @@ async fn services_fail_when_any_listing_fails() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, DiscoveryError::Status { status: 403, operation } if operation.contains("\"orchestrator\"")),
+        matches!(&err, DiscoveryError::Status { status: 403, operation, .. } if operation.contains("\"orchestrator\"")),
         "{err:?}"
     );
     assert!(!err.to_string().contains("wrong"), "the token never shows");
@@ -297,7 +297,162 @@ async fn a_failed_allocation_listing_is_an_error_not_an_empty_fleet() {
     );
     assert_eq!(
         err.to_string(),
-        "listing nomad allocations: unexpected HTTP status 500"
+        "listing nomad allocations: unexpected HTTP status 500: rpc error: no leader"
+    );
+}
+
+#[tokio::test]
+async fn an_error_answer_carries_nomads_message_escaped_and_capped() {
+    async fn acl(Query(q): Query<HashMap<String, String>>) -> Response {
+        match q.get("filter").map(String::as_str) {
+            Some("long") => (
+                StatusCode::FORBIDDEN,
+                format!("forged\nERROR line\u{1b}[2J{}", "x".repeat(5000)),
+            )
+                .into_response(),
+            _ => (StatusCode::FORBIDDEN, "ACL token not found").into_response(),
+        }
+    }
+    let router = Router::new().route("/v1/allocations", get(acl));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+
+    let err = NomadAllocations::new(client(addr), "x", 5008)
+        .list_instances()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DiscoveryError::Status { status: 403, message: Some(m), .. } if m == "ACL token not found"),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "listing nomad allocations: unexpected HTTP status 403: ACL token not found"
+    );
+
+    let err = NomadAllocations::new(client(addr), "long", 5008)
+        .list_instances()
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(!text.contains('\n') && !text.contains('\u{1b}'), "{text:?}");
+    assert!(text.contains(r"forged\nERROR line\u{1b}[2J"), "{text}");
+    assert!(text.len() < 600, "capped: {} bytes", text.len());
+    assert!(text.ends_with("more bytes)"), "{text}");
+}
+
+#[tokio::test]
+async fn a_path_in_the_endpoint_is_ignored() {
+    let mut agent = Agent::default();
+    agent.services.insert(
+        "orchestrator".into(),
+        json!([registration(NODE_A, "10.0.0.1", 5008)]),
+    );
+    let (addr, _) = start(agent).await;
+    // What an operator copies from the browser.
+    for endpoint in [
+        format!("http://{addr}/ui/"),
+        format!("http://{addr}/ui/jobs"),
+    ] {
+        let client = NomadClient::new(&endpoint, Some(TOKEN)).unwrap();
+        let got = NomadServices::new(client, vec!["orchestrator".into()])
+            .list_instances()
+            .await
+            .unwrap_or_else(|e| panic!("{endpoint}: {e}"));
+        assert_eq!(got.len(), 1, "{endpoint}");
+    }
+}
+
+#[tokio::test]
+async fn a_null_body_is_an_empty_set_for_every_nomad_lister() {
+    let mut agent = Agent::default();
+    agent.services.insert("orchestrator".into(), Value::Null);
+    agent.nodes = Value::Null;
+    agent.allocations = Some(Value::Null);
+    let (addr, _) = start(agent).await;
+    let services = NomadServices::new(client(addr), vec!["orchestrator".into()])
+        .list_instances()
+        .await
+        .unwrap();
+    let nodes = NomadNodePool::new(client(addr), "default", 5008)
+        .list_instances()
+        .await
+        .unwrap();
+    let allocations = NomadAllocations::new(client(addr), "x", 5008)
+        .list_instances()
+        .await
+        .unwrap();
+    assert!(services.is_empty() && nodes.is_empty() && allocations.is_empty());
+}
+
+/// Runs this test binary again as a child, filtered to `test`, with `env` set; returns
+/// whether the child's copy of the test passed. The child sees `CCFLEET_TEST_CHILD`, which
+/// is how a test tells which side it is on. Process-wide variables are set only in the
+/// child, so no other test sees them.
+async fn passes_in_child(test: &str, env: &[(&str, String)]) -> bool {
+    let output = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env("CCFLEET_TEST_CHILD", "1")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("1 passed") || !output.status.success(),
+        "{stdout}"
+    );
+    if !output.status.success() {
+        eprintln!("{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+    output.status.success()
+}
+
+#[tokio::test]
+async fn the_node_pool_port_defaults_to_orchestrator_port() {
+    if std::env::var_os("CCFLEET_TEST_CHILD").is_some() {
+        let endpoint = std::env::var("NOMAD_TEST_ENDPOINT").unwrap();
+        let client = NomadClient::new(&endpoint, Some(TOKEN)).unwrap();
+        let got = NomadNodePool::with_orchestrator_port(client, "default")
+            .unwrap()
+            .list_instances()
+            .await
+            .unwrap();
+        assert_eq!(got[0].address(), "10.0.0.1:6123");
+        return;
+    }
+    let agent = Agent {
+        nodes: json!([{"ID": NODE_A, "Name": "node-a", "Address": "10.0.0.1", "Status": "ready"}]),
+        ..Agent::default()
+    };
+    let (addr, _) = start(agent).await;
+    let endpoint = format!("http://{addr}");
+    assert!(
+        passes_in_child(
+            "the_node_pool_port_defaults_to_orchestrator_port",
+            &[
+                ("ORCHESTRATOR_PORT", "6123".to_owned()),
+                ("NOMAD_TEST_ENDPOINT", endpoint),
+            ],
+        )
+        .await
+    );
+    // Unset, the port is 5008; set to nonsense, it is an error naming the variable.
+    assert_eq!(
+        ccfleet::discovery::orchestrator_port_from(|_| None).unwrap(),
+        5008
+    );
+    let err = ccfleet::discovery::orchestrator_port_from(|_| Some("grpc".into())).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DiscoveryError::InvalidSetting {
+                name: "ORCHESTRATOR_PORT",
+                ..
+            }
+        ),
+        "{err:?}"
     );
 }
 

@@ -57,6 +57,7 @@ fn env_names_are_the_documented_ones() {
             "DNS_QUERY",
             "DNS_RESOLVER_ADDRESS",
             "K8S_API_ENDPOINT",
+            "K8S_API_INSECURE",
             "POD_NAMESPACE",
             "POD_LABELS",
             "HOST_IP",
@@ -128,6 +129,7 @@ async fn every_provider_is_selected_case_insensitively_and_cached_except_static(
     ];
     let k8s_settings = [
         ("K8S_API_ENDPOINT", k8s.as_str()),
+        ("K8S_API_INSECURE", "true"),
         ("POD_NAMESPACE", "fleet"),
         ("POD_LABELS", "app=ccms"),
     ];
@@ -218,11 +220,11 @@ async fn every_missing_or_invalid_setting_is_a_named_error() {
             |e| matches!(e, DiscoveryError::MissingDnsQuery),
         ),
         (
-            "dns with a host name as resolver",
+            "dns with a malformed resolver",
             vec![
                 ("PROVIDER", "DNS"),
                 ("DNS_QUERY", "a"),
-                ("DNS_RESOLVER_ADDRESS", "resolver.local:53"),
+                ("DNS_RESOLVER_ADDRESS", "resolver.local:dns"),
             ],
             |e| {
                 matches!(
@@ -261,6 +263,55 @@ async fn every_missing_or_invalid_setting_is_a_named_error() {
                     }
                 ) || (!cfg!(feature = "kubernetes")
                     && matches!(e, DiscoveryError::KubernetesUnavailable(_)))
+            },
+        ),
+        (
+            "k8s with a plain http endpoint",
+            vec![
+                ("PROVIDER", "K8S-PODS"),
+                ("POD_NAMESPACE", "fleet"),
+                ("POD_LABELS", "app=x"),
+                ("K8S_API_ENDPOINT", "http://k8s.example:8001"),
+            ],
+            |e| {
+                matches!(e, DiscoveryError::InvalidSetting { name: "K8S_API_ENDPOINT", reason } if reason.contains("K8S_API_INSECURE"))
+                    || (!cfg!(feature = "kubernetes")
+                        && matches!(e, DiscoveryError::KubernetesUnavailable(_)))
+            },
+        ),
+        (
+            "k8s insecure not a boolean",
+            vec![
+                ("PROVIDER", "K8S-PODS"),
+                ("POD_NAMESPACE", "fleet"),
+                ("POD_LABELS", "app=x"),
+                ("K8S_API_INSECURE", "maybe"),
+            ],
+            |e| {
+                matches!(
+                    e,
+                    DiscoveryError::InvalidSetting {
+                        name: "K8S_API_INSECURE",
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "local is not a provider",
+            vec![("PROVIDER", "LOCAL"), ("STATIC", "10.0.0.1")],
+            |e| {
+                matches!(e, DiscoveryError::UnsupportedProvider(p) if p == "LOCAL")
+                    && e.to_string()
+                        .contains("PROVIDER=STATIC with STATIC=host:port")
+            },
+        ),
+        (
+            "static with too many colons",
+            vec![("PROVIDER", "STATIC"), ("STATIC", "10.0.0.1,a:b:c")],
+            |e| {
+                matches!(e, DiscoveryError::InvalidAddress { backend: "static", address, .. } if address == "a:b:c")
+                    && e.to_string().contains("[address]:port")
             },
         ),
         (
@@ -456,6 +507,7 @@ async fn the_composed_provider_reports_a_dead_kubernetes_side() {
         ("NOMAD_ENDPOINT", &nomad),
         ("NOMAD_TOKEN", "t0k3n"),
         ("K8S_API_ENDPOINT", &k8s),
+        ("K8S_API_INSECURE", "true"),
         ("POD_NAMESPACE", "fleet"),
         ("POD_LABELS", "app=ccms"),
     ])
@@ -502,7 +554,7 @@ async fn static_entries_keep_their_own_ports() {
             .all(|i| i.node_id.is_empty() && i.backend == BACKEND_STATIC)
     );
     assert_eq!(got[2].ip_address, "fd00::3");
-    for bad in ["", ":5008", "10.0.0.1:70000", "[::1"] {
+    for bad in ["", ":5008", "10.0.0.1:70000", "[::1", "a:b:c", "node:1:2"] {
         assert!(
             matches!(
                 Static::new(&[bad], 5008),
@@ -532,7 +584,7 @@ async fn local_is_one_instance_with_the_local_identity() {
         assert_eq!(got[0].node_id, "local");
         assert_eq!(got[0].backend, BACKEND_LOCAL);
     }
-    for bad in ["", ":6123", ":70000", ":grpc"] {
+    for bad in ["", ":6123", ":70000", ":grpc", "a:b:c"] {
         let err = Local::new(bad, 5008).unwrap_err();
         assert!(
             matches!(
@@ -547,9 +599,45 @@ async fn local_is_one_instance_with_the_local_identity() {
     }
 }
 
+#[tokio::test]
+async fn local_takes_its_default_port_from_orchestrator_port() {
+    if std::env::var_os("CCFLEET_TEST_CHILD").is_some() {
+        let got = Local::with_orchestrator_port("10.0.0.1")
+            .unwrap()
+            .list_instances()
+            .await
+            .unwrap();
+        assert_eq!(got[0].address(), "10.0.0.1:6123");
+        let own = Local::with_orchestrator_port("10.0.0.1:7000")
+            .unwrap()
+            .list_instances()
+            .await
+            .unwrap();
+        assert_eq!(own[0].address(), "10.0.0.1:7000", "an explicit port wins");
+        return;
+    }
+    let output = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "local_takes_its_default_port_from_orchestrator_port",
+            "--exact",
+            "--test-threads=1",
+        ])
+        .env("CCFLEET_TEST_CHILD", "1")
+        .env("ORCHESTRATOR_PORT", "6123")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 fn provider(service_type: ServiceType, hostname: &str, meta: &[(&str, &str)]) -> Provider {
     Provider {
-        service_type,
+        service_type: service_type.into(),
         hostname: hostname.to_owned(),
         state: "active".to_owned(),
         meta: meta

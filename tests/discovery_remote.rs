@@ -130,23 +130,68 @@ async fn a_wrong_key_is_rejected_and_never_echoed() {
 }
 
 #[tokio::test]
-async fn a_payload_without_the_list_is_an_error_not_an_empty_cluster() {
-    let (addr, _) = start(StatusCode::OK, json!({})).await;
+async fn a_missing_or_null_list_is_an_empty_cluster_as_in_go() {
+    for body in [
+        json!({}),
+        json!({"orchestrators": null}),
+        json!({"orchestrators": []}),
+    ] {
+        let (addr, _) = start(StatusCode::OK, body.clone()).await;
+        let got = Remote::new(&format!("http://{addr}"), Some(KEY))
+            .unwrap()
+            .list_instances()
+            .await
+            .unwrap_or_else(|e| panic!("{body}: {e}"));
+        assert!(got.is_empty(), "{body}");
+    }
+    // A body that is not the documented object at all is still an error.
+    let (addr, _) = start(StatusCode::OK, json!(["not", "an", "object"])).await;
+    let err = Remote::new(&format!("http://{addr}"), Some(KEY))
+        .unwrap()
+        .list_instances()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DiscoveryError::Decode { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn service_hosts_lose_their_port_part_as_in_go() {
+    let (addr, _) = start(
+        StatusCode::OK,
+        json!({"orchestrators": [
+            orchestrator("node-1", "run-a", "node-1:grpc"),
+            orchestrator("node-2", "run-b", ":5008"),
+            orchestrator("node-3", "run-c", "host:"),
+            orchestrator("node-4", "run-d", "fd00::4"),
+        ]}),
+    )
+    .await;
+    let got: Vec<String> = Remote::new(&format!("http://{addr}"), Some(KEY))
+        .unwrap()
+        .list_instances()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.ip_address)
+        .collect();
+    assert_eq!(got, ["node-1", "", "host", "fd00::4"]);
+}
+
+#[tokio::test]
+async fn an_edge_error_shows_the_edge_message() {
+    let (addr, _) = start(
+        StatusCode::SERVICE_UNAVAILABLE,
+        json!({"code": 503, "message": "cluster is draining"}),
+    )
+    .await;
     let err = Remote::new(&format!("http://{addr}"), Some(KEY))
         .unwrap()
         .list_instances()
         .await
         .unwrap_err();
     assert!(
-        matches!(err, DiscoveryError::IncompleteResponse { .. }),
-        "{err:?}"
+        err.to_string()
+            .ends_with("unexpected HTTP status 503: cluster is draining"),
+        "{err}"
     );
-
-    let (addr, _) = start(StatusCode::OK, json!({"orchestrators": []})).await;
-    let got = Remote::new(&format!("http://{addr}"), Some(KEY))
-        .unwrap()
-        .list_instances()
-        .await
-        .unwrap();
-    assert!(got.is_empty(), "an explicit empty list is an empty cluster");
 }

@@ -329,9 +329,12 @@ async fn tokens_roles_and_allowlist() {
     let (status, body) = try_token("x-none", String::new()).await;
     assert_eq!(status, 401);
     assert_eq!(body["status"], "Unauthorized");
+    // An authenticated user without the role is forbidden (403, as cc-backend documents
+    // it), not unauthenticated.
     for roles in [&["user"][..], &["admin"], &["user", "api"], &[]] {
         let (status, body) = try_token("X-Auth-Token", token(roles)).await;
-        assert_eq!(status, 401, "roles {roles:?}");
+        assert_eq!(status, 403, "roles {roles:?}");
+        assert_eq!(body["status"], "Forbidden");
         assert_eq!(body["error"], "missing role: api");
     }
     let (status, _) = try_token("X-Auth-Token", token(&["api"])).await;
@@ -365,31 +368,55 @@ async fn tokens_roles_and_allowlist() {
     assert_eq!(health.status(), 200);
     server.shutdown().await.unwrap();
 
-    // A list that excludes the loopback peer, unless a proxy header says otherwise.
+    // A list that excludes the loopback peer: proxy headers from it are not believed, as
+    // any client can send them.
     let server = start(json!({
         "disable-authentication": true,
         "api-allowed-ips": ["10.0.0.0/8"],
     }))
     .await;
     let url = format!("{}/api/fleet/register/cluster/", server.base_url());
-    let response = client.post(&url).body(FRITZ_CCMC).send().await.unwrap();
-    assert_eq!(response.status(), 401);
-    let response = client
-        .post(&url)
-        .header("X-Real-Ip", "10.20.30.40")
-        .body(FRITZ_CCMC)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 201);
-    let response = client
-        .post(&url)
-        .header("X-Forwarded-For", "10.1.1.1, 192.168.0.1")
-        .body(FRITZ_CCMC)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 201);
+    let send = |header: Option<(&'static str, &'static str)>| {
+        let mut request = client.post(&url).body(FRITZ_CCMC);
+        if let Some((name, value)) = header {
+            request = request.header(name, value);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(send(None).await, 401);
+    assert_eq!(send(Some(("X-Real-Ip", "10.20.30.40"))).await, 401);
+    assert_eq!(
+        send(Some(("X-Forwarded-For", "10.1.1.1, 192.168.0.1"))).await,
+        401
+    );
+    server.shutdown().await.unwrap();
+
+    // The same list behind a proxy on loopback listed in trusted-proxies.
+    let server = start(json!({
+        "disable-authentication": true,
+        "api-allowed-ips": ["10.0.0.0/8"],
+        "trusted-proxies": ["127.0.0.0/8", "::1"],
+    }))
+    .await;
+    let url = format!("{}/api/fleet/register/cluster/", server.base_url());
+    let send = |header: Option<(&'static str, &'static str)>| {
+        let mut request = client.post(&url).body(FRITZ_CCMC);
+        if let Some((name, value)) = header {
+            request = request.header(name, value);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(send(None).await, 401, "the proxy itself is not allowed");
+    assert_eq!(send(Some(("X-Real-Ip", "10.20.30.40"))).await, 201);
+    assert_eq!(
+        send(Some(("X-Forwarded-For", "192.168.0.1, 10.1.1.1"))).await,
+        201
+    );
+    assert_eq!(
+        send(Some(("X-Forwarded-For", "10.1.1.1, 192.168.0.1"))).await,
+        401,
+        "the right-most untrusted hop is the client; what it claims to forward is not believed"
+    );
     server.shutdown().await.unwrap();
 }
 

@@ -329,3 +329,268 @@ async fn rosters_follow_registrations() {
     assert!(seen["site.disc.infra.ccmc"].is_empty());
     server.shutdown().await.unwrap();
 }
+
+/// The value of an unlabelled (or exactly labelled) sample in `GET /metrics`.
+async fn metric(
+    client: &reqwest::Client,
+    server: &ccfleet::server::RunningServer,
+    name: &str,
+) -> u64 {
+    let text = client
+        .get(format!("{}/metrics", server.base_url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+/// Registers a service straight into a registry file and makes it active, bypassing the
+/// API's checks: rows that a former version accepted.
+async fn preexisting(db: &std::path::Path, rows: &[(&str, &str, ServiceType, &str)]) {
+    use ccfleet::server::registry::{Registration, Registry};
+    use ccfleet::wire::Scope;
+    let registry = Registry::open(Some(db)).unwrap();
+    for (cluster, host, ty, meta) in rows {
+        let id = registry
+            .register(Registration {
+                scope: Scope::of_cluster(cluster),
+                cluster: (*cluster).to_owned(),
+                hostname: (*host).to_owned(),
+                service_type: *ty,
+                meta: [("note".to_owned(), (*meta).to_owned())].into(),
+            })
+            .await
+            .unwrap()
+            .instance_id;
+        assert_eq!(registry.heartbeat(&id).await.unwrap(), Some(true));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registered_clusters_that_cannot_name_a_subject_cost_no_other_roster() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fleet.sqlite");
+    // A name far beyond NATS's 4 KiB control line, one with a space, and one that would
+    // collide with the infra bucket.
+    let long = "c".repeat(5000);
+    preexisting(
+        &db,
+        &[
+            ("", "mgmt01", ServiceType::Backend, ""),
+            ("fritz", "ccb-f", ServiceType::Backend, ""),
+            (&long, "ccb-long", ServiceType::Backend, ""),
+            ("my cluster", "ccb-space", ServiceType::Backend, ""),
+            ("infra", "ccb-infra", ServiceType::Backend, ""),
+        ],
+    )
+    .await;
+    let watcher = nats_client(&nats.url()).await;
+    let mut sub = watcher.subscribe("cc.fleet.discovery.>").await.unwrap();
+    watcher.flush().await.unwrap();
+    let server = start(json!({
+        "disable-authentication": true,
+        "db": db,
+        "nats": {"address": nats.url()},
+        "fleet": {"discovery-interval": "200ms"}
+    }))
+    .await;
+    let mut seen = HashMap::new();
+    latest_rosters(&mut sub, &mut seen, Duration::from_millis(1500)).await;
+    assert_eq!(
+        hosts(&seen["cc.fleet.discovery.fritz.ccmc"]),
+        ["ccb-f", "mgmt01"]
+    );
+    assert_eq!(
+        hosts(&seen["cc.fleet.discovery.infra.ccmc"]),
+        ["ccb-f", "mgmt01"],
+        "the infra bucket is published, without the skipped rows"
+    );
+    assert_eq!(
+        seen.len(),
+        12,
+        "fritz and infra, 6 consumer types each: {:?}",
+        seen.keys()
+    );
+    let client = http();
+    assert_eq!(
+        metric(&client, &server, "ccfleet_roster_skipped_services").await,
+        3
+    );
+    assert_eq!(
+        metric(&client, &server, "ccfleet_roster_publish_errors_total").await,
+        0
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roster_above_max_payload_is_an_error_of_its_subject_and_the_others_are_published() {
+    let nats = NatsServer::start_with_config("max_payload: 4096\n");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fleet.sqlite");
+    preexisting(
+        &db,
+        &[
+            ("big", "ccb-big", ServiceType::Backend, &"m".repeat(5000)),
+            ("fritz", "ccb-f", ServiceType::Backend, ""),
+        ],
+    )
+    .await;
+    let watcher = nats_client(&nats.url()).await;
+    let mut sub = watcher.subscribe("cc.fleet.discovery.>").await.unwrap();
+    watcher.flush().await.unwrap();
+    let server = start(json!({
+        "disable-authentication": true,
+        "db": db,
+        "nats": {"address": nats.url()},
+        "fleet": {"discovery-interval": "1h"}
+    }))
+    .await;
+    let mut seen = HashMap::new();
+    latest_rosters(&mut sub, &mut seen, Duration::from_millis(1500)).await;
+    let mut subjects: Vec<&String> = seen.keys().collect();
+    subjects.sort();
+    assert_eq!(
+        subjects,
+        [
+            "cc.fleet.discovery.fritz.ccem",
+            "cc.fleet.discovery.fritz.cces",
+            "cc.fleet.discovery.fritz.ccmc",
+            "cc.fleet.discovery.fritz.ccms",
+            "cc.fleet.discovery.fritz.ccnc",
+            "cc.fleet.discovery.fritz.ccsa",
+        ],
+        "only the rosters without the large provider fit"
+    );
+    // Counted per subject (the connect event may add a second round at start-up).
+    let client = http();
+    let errors = |subject: &str| {
+        let name = format!(r#"ccfleet_roster_subject_errors_total{{subject="{subject}"}}"#);
+        let (client, server) = (&client, &server);
+        async move { metric(client, server, &name).await }
+    };
+    for bucket in ["big", "infra"] {
+        for consumer in ["ccms", "ccmc", "cces", "ccsa", "ccnc", "ccem"] {
+            let subject = format!("cc.fleet.discovery.{bucket}.{consumer}");
+            assert!(errors(&subject).await >= 1, "{subject}");
+        }
+    }
+    assert_eq!(errors("cc.fleet.discovery.fritz.ccmc").await, 0);
+    let published = metric(&client, &server, "ccfleet_roster_publishes_total").await;
+    let failed = metric(&client, &server, "ccfleet_roster_publish_errors_total").await;
+    assert!(published >= 6 && failed >= 12, "{published} {failed}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rosters_count_as_published_only_when_nats_confirms_and_go_out_again_after_a_restart() {
+    let mut nats = NatsServer::start();
+    let server = start(json!({
+        "disable-authentication": true,
+        "nats": {"address": nats.url()},
+        "fleet": {"discovery-interval": "1h", "discovery-debounce": "100ms"}
+    }))
+    .await;
+    let client = http();
+    eventually(
+        "the first rosters confirmed",
+        Duration::from_secs(10),
+        || async { metric(&client, &server, "ccfleet_roster_publishes_total").await >= 6 },
+    )
+    .await;
+    // The connect event may bring one more round within the debounce delay.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let published = metric(&client, &server, "ccfleet_roster_publishes_total").await;
+
+    nats.kill();
+    // A change while NATS is down: its rosters cannot be confirmed, so they are errors.
+    register_ok(
+        &client,
+        &server,
+        "infra",
+        r#"{"hostname":"mgmt01","serviceType":"ccb"}"#,
+    )
+    .await;
+    eventually(
+        "the failed round counted",
+        Duration::from_secs(15),
+        || async { metric(&client, &server, "ccfleet_roster_publish_errors_total").await >= 6 },
+    )
+    .await;
+    assert_eq!(
+        metric(&client, &server, "ccfleet_roster_publishes_total").await,
+        published,
+        "nothing counts as published while NATS is down"
+    );
+
+    // No interval falls due for an hour: only the reconnect can bring the rosters back.
+    nats.restart();
+    eventually(
+        "rosters after the reconnect",
+        Duration::from_secs(20),
+        || async {
+            metric(&client, &server, "ccfleet_roster_publishes_total").await >= published + 6
+        },
+    )
+    .await;
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_after_a_quiet_debounce_window_is_published_at_once() {
+    let nats = NatsServer::start();
+    let watcher = nats_client(&nats.url()).await;
+    let mut sub = watcher
+        .subscribe("cc.fleet.discovery.infra.ccmc")
+        .await
+        .unwrap();
+    watcher.flush().await.unwrap();
+    let debounce = Duration::from_secs(3);
+    let server = start(json!({
+        "disable-authentication": true,
+        "nats": {"address": nats.url()},
+        "fleet": {"discovery-interval": "1h", "discovery-debounce": "3s"}
+    }))
+    .await;
+    let client = http();
+    let first = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("the start-up roster")
+        .unwrap();
+    assert!(decode_roster(&first.payload).unwrap().is_empty());
+    // The registration itself is a change (published at once, still pending, so empty).
+    let id = register_ok(
+        &client,
+        &server,
+        "infra",
+        r#"{"hostname":"mgmt01","serviceType":"ccb"}"#,
+    )
+    .await;
+    // Let the debounce window after the last publish (the registration's, or the connect
+    // event's) pass in quiet.
+    while tokio::time::timeout(debounce + Duration::from_millis(500), sub.next())
+        .await
+        .is_ok()
+    {}
+    assert_eq!(heartbeat(&client, &server, &id).await, 204);
+    // Waiting out the whole debounce again would take 3 s; at once is milliseconds.
+    let roster = tokio::time::timeout(debounce - Duration::from_millis(1000), async {
+        loop {
+            let message = sub.next().await.unwrap();
+            let providers = decode_roster(&message.payload).unwrap();
+            if !providers.is_empty() {
+                return providers;
+            }
+        }
+    })
+    .await
+    .expect("the activation published before the debounce delay");
+    assert_eq!(hosts(&roster), ["mgmt01"]);
+    server.shutdown().await.unwrap();
+}

@@ -47,6 +47,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Demo(_) => "error",
         _ => "info",
     };
+    // async-nats logs every reconnect attempt at info level; the programs' own NATS event
+    // handlers say what matters (RUST_LOG=async_nats=debug shows it all).
+    let default_filter = format!("{default_filter},async_nats=off");
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -69,7 +69,7 @@ fn fleet_mode_reads_heartbeats_and_rosters_without_leaking_ids() {
             "fritz",
             ccfleet::wire::ServiceType::MetricCollector,
             &[ccfleet::wire::Provider {
-                service_type: ccfleet::wire::ServiceType::Backend,
+                service_type: ccfleet::wire::ServiceType::Backend.into(),
                 hostname: "mgmt01".into(),
                 state: "active".into(),
                 meta: Default::default(),
@@ -88,4 +88,114 @@ fn fleet_mode_reads_heartbeats_and_rosters_without_leaking_ids() {
     );
     let (_, shown) = decode(&["--fleet", "--show-ids"], &input);
     assert_eq!(shown[0]["fleet"]["heartbeat"]["instanceId"], id);
+}
+
+#[test]
+fn an_unterminated_string_near_the_end_is_a_bad_line_not_a_crash() {
+    // Once a panic (exit status 101) in the string scanner.
+    let (status, lines) = decode(&[], b"m f=\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    assert_eq!(status, 1);
+    assert_eq!(lines.len(), 1);
+    assert!(lines[0]["error"].as_str().unwrap().contains("unterminated"));
+    let heartbeat = b"fleet,function=heartbeat event=\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let (status, lines) = decode(&["--fleet"], heartbeat);
+    assert_eq!(status, 1);
+    assert_eq!(lines.len(), 1);
+}
+
+#[test]
+fn fleet_mode_abbreviates_ids_in_the_raw_fields_too_and_counts_uninterpretable_lines_as_bad() {
+    let id = "3f1c9a2b7d4e6f8a0b1c2d3e4f5a6b7c";
+    let good = ccfleet::wire::encode_heartbeat(1, &[id]).unwrap();
+    let (status, lines) = decode(&["--fleet"], &good);
+    assert_eq!(status, 0);
+    let printed = serde_json::to_string(&lines).unwrap();
+    assert!(!printed.contains(id), "{printed}");
+    assert_eq!(
+        lines[0]["fields"][0]["value"]["string"],
+        r#"{"instanceId":"3f1c…6b7c"}"#
+    );
+    let (_, shown) = decode(&["--fleet", "--show-ids"], &good);
+    assert!(serde_json::to_string(&shown).unwrap().contains(id));
+
+    // A heartbeat with a key the fleet does not know is refused: a bad line, id hidden.
+    let unknown = format!(
+        "fleet,function=heartbeat event=\"{{\\\"instanceId\\\":\\\"{id}\\\",\\\"x\\\":1}}\" 1\n"
+    );
+    let (status, lines) = decode(&["--fleet"], unknown.as_bytes());
+    assert_eq!(status, 1, "{lines:?}");
+    assert!(lines[0]["fleet"]["heartbeat"]["error"].is_string());
+    assert!(!serde_json::to_string(&lines).unwrap().contains(id));
+    // Without --fleet the same line is plain, valid line protocol.
+    let (status, _) = decode(&[], unknown.as_bytes());
+    assert_eq!(status, 0);
+}
+
+#[test]
+fn a_line_on_an_open_pipe_is_printed_before_the_input_ends() {
+    use std::io::{BufRead, BufReader};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ccfleet"))
+        .arg("decode")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run ccfleet");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    // A string field with a raw newline arrives in two writes and is still one point.
+    stdin.write_all(b"m v=1 5\nm s=\"a\n").unwrap();
+    stdin.flush().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let first = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the first point is printed while standard input stays open");
+    let first: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(first["time"], 5);
+    stdin.write_all(b"b\" 6\n").unwrap();
+    stdin.flush().unwrap();
+    let second = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    let second: serde_json::Value = serde_json::from_str(&second).unwrap();
+    assert_eq!(second["fields"][0]["value"]["string"], "a\nb");
+    assert_eq!(second["time"], 6);
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    assert!(rx.recv().is_err(), "nothing more");
+}
+
+#[test]
+fn output_to_a_closed_pipe_ends_quietly_with_status_zero() {
+    use std::io::{BufRead, BufReader};
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ccfleet"))
+        .arg("decode")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ccfleet");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        // Far more output than a pipe holds; the write fails once ccfleet is gone.
+        let lines = b"cpu,host=node01 value=0.5,jobs=3i 1700000000000000000\n".repeat(200_000);
+        let _ = stdin.write_all(&lines);
+    });
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert!(first.contains("\"cpu\""));
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
 }

@@ -26,6 +26,13 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_CONFIG_POLL_INTERVAL: Duration = Duration::from_secs(60);
 /// Default timeout of one HTTP request to cc-backend.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default largest roster message accepted: NATS's own default `max_payload`, and thousands
+/// of providers.
+pub const DEFAULT_ROSTER_MAX_BYTES: usize = 1 << 20;
+/// Default largest number of providers in one accepted roster.
+pub const DEFAULT_ROSTER_MAX_PROVIDERS: usize = 10_000;
+/// Default largest age (and clock lead) of a signed roster when a roster key is configured.
+pub const DEFAULT_ROSTER_MAX_AGE: Duration = Duration::from_secs(5 * 60);
 
 /// JSON schema of the `fleet` section, for applications that validate their whole config file.
 pub const CONFIG_SCHEMA: &str = r#"{
@@ -72,6 +79,24 @@ pub const CONFIG_SCHEMA: &str = r#"{
     },
     "timeout": {
       "description": "Timeout of one HTTP request to cc-backend as a Go duration; default 10s.",
+      "type": "string"
+    },
+    "roster-max-bytes": {
+      "description": "Largest discovery roster message accepted, in bytes; default 1048576. Larger rosters are rejected and counted.",
+      "type": "integer",
+      "minimum": 1
+    },
+    "roster-max-providers": {
+      "description": "Largest number of providers in an accepted discovery roster; default 10000.",
+      "type": "integer",
+      "minimum": 1
+    },
+    "roster-public-key": {
+      "description": "The fleet server's Ed25519 public key (JWT_PUBLIC_KEY format, standard base64). When set, only rosters signed with its private key are accepted.",
+      "type": "string"
+    },
+    "roster-max-age": {
+      "description": "With roster-public-key: how far a signed roster's timestamp may lie from the local clock, as a Go duration; default 5m.",
       "type": "string"
     }
   },
@@ -147,6 +172,15 @@ pub enum ConfigError {
     /// The token cannot be sent in an HTTP header (control characters or non-ASCII bytes).
     #[error("fleet: the token contains characters not allowed in an HTTP header")]
     InvalidToken,
+    /// `roster-public-key` is not the standard base64 of a 32-byte Ed25519 public key.
+    #[error("fleet: roster-public-key is not a base64 Ed25519 public key (JWT_PUBLIC_KEY format)")]
+    InvalidRosterKey,
+    /// A size limit is zero.
+    #[error("fleet: {key} must be at least 1")]
+    ZeroLimit {
+        /// The config key.
+        key: &'static str,
+    },
 }
 
 /// The parsed `fleet` section.
@@ -176,6 +210,15 @@ pub struct Config {
     pub cache_path: Option<PathBuf>,
     /// Timeout of one HTTP request.
     pub timeout: Duration,
+    /// Largest roster message accepted, in bytes.
+    pub roster_max_bytes: usize,
+    /// Largest number of providers in an accepted roster.
+    pub roster_max_providers: usize,
+    /// The fleet server's Ed25519 public key (standard base64); when not empty, only rosters
+    /// signed with its private key are accepted.
+    pub roster_public_key: String,
+    /// With a roster key: how far a roster's timestamp may lie from the local clock.
+    pub roster_max_age: Duration,
 }
 
 impl fmt::Debug for Config {
@@ -205,6 +248,10 @@ impl fmt::Debug for Config {
             .field("discovery_subject_prefix", &self.discovery_subject_prefix)
             .field("cache_path", &self.cache_path)
             .field("timeout", &duration::GoDuration(self.timeout))
+            .field("roster_max_bytes", &self.roster_max_bytes)
+            .field("roster_max_providers", &self.roster_max_providers)
+            .field("roster_public_key", &self.roster_public_key)
+            .field("roster_max_age", &duration::GoDuration(self.roster_max_age))
             .finish()
     }
 }
@@ -222,6 +269,10 @@ struct RawConfig {
     discovery_subject_prefix: Option<String>,
     cache_path: Option<String>,
     timeout: Option<String>,
+    roster_max_bytes: Option<usize>,
+    roster_max_providers: Option<usize>,
+    roster_public_key: Option<String>,
+    roster_max_age: Option<String>,
 }
 
 impl Config {
@@ -238,6 +289,10 @@ impl Config {
             discovery_subject_prefix: DEFAULT_DISCOVERY_PREFIX.to_owned(),
             cache_path: None,
             timeout: DEFAULT_TIMEOUT,
+            roster_max_bytes: DEFAULT_ROSTER_MAX_BYTES,
+            roster_max_providers: DEFAULT_ROSTER_MAX_PROVIDERS,
+            roster_public_key: String::new(),
+            roster_max_age: DEFAULT_ROSTER_MAX_AGE,
         }
     }
 
@@ -273,6 +328,13 @@ impl Config {
             config.discovery_subject_prefix = prefix;
         }
         config.cache_path = raw.cache_path.filter(|p| !p.is_empty()).map(PathBuf::from);
+        if let Some(n) = raw.roster_max_bytes {
+            config.roster_max_bytes = n;
+        }
+        if let Some(n) = raw.roster_max_providers {
+            config.roster_max_providers = n;
+        }
+        config.roster_public_key = raw.roster_public_key.unwrap_or_default().trim().to_owned();
         let durations = [
             (
                 "heartbeat-interval",
@@ -285,6 +347,11 @@ impl Config {
                 &mut config.config_poll_interval,
             ),
             ("timeout", raw.timeout, &mut config.timeout),
+            (
+                "roster-max-age",
+                raw.roster_max_age,
+                &mut config.roster_max_age,
+            ),
         ];
         for (key, value, slot) in durations {
             // Go treats an empty string like an absent key.
@@ -303,6 +370,7 @@ impl Config {
             ("heartbeat-interval", self.heartbeat_interval),
             ("config-poll-interval", self.config_poll_interval),
             ("timeout", self.timeout),
+            ("roster-max-age", self.roster_max_age),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::NotPositive {
@@ -311,6 +379,15 @@ impl Config {
                 });
             }
         }
+        for (key, value) in [
+            ("roster-max-bytes", self.roster_max_bytes),
+            ("roster-max-providers", self.roster_max_providers),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::ZeroLimit { key });
+            }
+        }
+        self.roster_key()?;
         if !self.cluster.is_empty() && !crate::wire::safe_path_component(&self.cluster) {
             return Err(ConfigError::UnsafeName {
                 key: "cluster",
@@ -324,6 +401,24 @@ impl Config {
             });
         }
         Ok(())
+    }
+
+    /// The roster verification key, if one is configured.
+    pub fn roster_key(&self) -> Result<Option<ed25519_dalek::VerifyingKey>, ConfigError> {
+        use base64::Engine;
+        if self.roster_public_key.is_empty() {
+            return Ok(None);
+        }
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(&self.roster_public_key)
+            .map_err(|_| ConfigError::InvalidRosterKey)?;
+        let raw: [u8; 32] = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| ConfigError::InvalidRosterKey)?;
+        ed25519_dalek::VerifyingKey::from_bytes(&raw)
+            .map(Some)
+            .map_err(|_| ConfigError::InvalidRosterKey)
     }
 
     /// The token to send: `CC_FLEET_TOKEN` if set and non-empty, else the trimmed content of
@@ -619,6 +714,44 @@ mod tests {
     }
 
     #[test]
+    fn roster_limits_and_key_are_parsed_and_checked() {
+        let c = Config::from_json(r#"{"url":"https://h"}"#).unwrap();
+        assert_eq!(c.roster_max_bytes, 1 << 20);
+        assert_eq!(c.roster_max_providers, 10_000);
+        assert!(c.roster_key().unwrap().is_none());
+        let key = base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            ed25519_dalek::SigningKey::from_bytes(&[7; 32])
+                .verifying_key()
+                .as_bytes(),
+        );
+        let c = Config::from_value(serde_json::json!({
+            "url": "https://h", "roster-max-bytes": 4096, "roster-max-providers": 3,
+            "roster-public-key": key, "roster-max-age": "30s"
+        }))
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.roster_max_bytes, 4096);
+        assert_eq!(c.roster_max_providers, 3);
+        assert_eq!(c.roster_max_age, Duration::from_secs(30));
+        assert!(c.roster_key().unwrap().is_some());
+        for bad in ["not base64!", "AAAA"] {
+            let mut c = Config::new("https://h");
+            c.roster_public_key = bad.into();
+            assert!(matches!(c.validate(), Err(ConfigError::InvalidRosterKey)));
+        }
+        let mut c = Config::new("https://h");
+        c.roster_max_providers = 0;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::ZeroLimit {
+                key: "roster-max-providers"
+            })
+        ));
+        assert!(Config::from_json(r#"{"url":"https://h","roster-max-bytes":-1}"#).is_err());
+    }
+
+    #[test]
     fn debug_redacts_the_token() {
         let mut c = Config::new("https://h");
         c.token = "eyJ-secret".into();
@@ -633,19 +766,21 @@ mod tests {
         assert_eq!(schema["required"], serde_json::json!(["url"]));
         assert_eq!(schema["additionalProperties"], serde_json::json!(false));
         let props = schema["properties"].as_object().unwrap();
-        assert_eq!(props.len(), 10);
+        assert_eq!(props.len(), 14);
         for (key, prop) in props {
-            assert_eq!(prop["type"], "string", "{key}");
             // Every key of the schema is accepted by the parser (with a value valid for it).
-            let value = if key.ends_with("interval") || key == "timeout" {
-                "5s"
+            let value = if prop["type"] == "integer" {
+                serde_json::json!(5)
+            } else if key.ends_with("interval") || key == "timeout" || key.ends_with("age") {
+                serde_json::json!("5s")
             } else if key == "url" {
-                "https://h"
+                serde_json::json!("https://h")
             } else {
-                "x"
+                assert_eq!(prop["type"], "string", "{key}");
+                serde_json::json!("x")
             };
             let mut section = serde_json::json!({"url": "https://h"});
-            section[key] = serde_json::json!(value);
+            section[key] = value;
             Config::from_value(section).unwrap_or_else(|e| panic!("{key}: {e}"));
         }
     }

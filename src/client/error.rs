@@ -1,7 +1,10 @@
 //! Errors of the fleet client.
 //!
 //! A caller can match an unknown instance (404), a rejected credential (401/403), a client
-//! that is not registered, an unreachable cc-backend and any other unexpected status. No
+//! that is not registered, an unreachable cc-backend and any other unexpected status. A
+//! server error (5xx) or 429 Too Many Requests counts as unreachable: cc-backend (or a proxy
+//! in front of it) is there but cannot serve now, so the caller starts from its cache and
+//! retries, as it does when the network fails. No
 //! message carries the token or the instance id: the id is a bearer credential for
 //! heartbeats, so it is also scrubbed from response bodies quoted in errors.
 
@@ -74,6 +77,14 @@ impl StatusError {
             status: status.to_string(),
             detail: detail(body),
         }
+    }
+}
+
+impl StatusError {
+    /// Whether the status says "not now" rather than "never": a server error (5xx) or 429 Too
+    /// Many Requests, both of which a proxy or a restarting cc-backend answers for a while.
+    pub fn is_transient(&self) -> bool {
+        self.code >= 500 || self.code == 429
     }
 }
 
@@ -181,12 +192,16 @@ impl Error {
         matches!(self, Error::Unauthorized(_))
     }
 
-    /// Whether cc-backend could not be reached or gave no usable answer.
+    /// Whether cc-backend could not be reached or gave no usable answer, including a
+    /// transient status (5xx, 429; see [`StatusError::is_transient`]).
     pub fn is_unreachable(&self) -> bool {
-        matches!(
-            self,
-            Error::Unreachable { .. } | Error::Timeout { .. } | Error::InvalidResponse { .. }
-        )
+        match self {
+            Error::Unreachable { .. } | Error::Timeout { .. } | Error::InvalidResponse { .. } => {
+                true
+            }
+            Error::Status(status) => status.is_transient(),
+            _ => false,
+        }
     }
 }
 
@@ -194,7 +209,8 @@ impl Error {
 /// with instead (the cached configuration, or none).
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
-    /// cc-backend could not be reached (or gave no usable answer) in time.
+    /// cc-backend could not be reached, gave no usable answer in time, or answered with a
+    /// transient status (5xx, 429).
     #[error("{}", unreachable_message(source))]
     Unreachable {
         /// The cached configuration ([`Source::Cache`](super::Source::Cache)) or none.
@@ -212,7 +228,7 @@ pub enum BootstrapError {
         #[source]
         source: Error,
     },
-    /// cc-backend answered with another unexpected status.
+    /// cc-backend answered with another unexpected status (a 4xx other than 401, 403, 429).
     #[error("{source}")]
     Failed {
         /// The cached configuration or none.
@@ -227,7 +243,7 @@ impl BootstrapError {
     pub(crate) fn classify(fallback: Update, source: Error) -> BootstrapError {
         if source.is_unauthorized() {
             BootstrapError::Unauthorized { fallback, source }
-        } else if source.status().is_some() {
+        } else if source.status().is_some() && !source.is_unreachable() {
             BootstrapError::Failed { fallback, source }
         } else {
             BootstrapError::Unreachable { fallback, source }
@@ -368,6 +384,18 @@ mod tests {
     }
 
     #[test]
+    fn server_errors_and_429_are_unreachable_and_other_statuses_are_not() {
+        let s =
+            |code: u16| StatusError::new(Op::Register, StatusCode::from_u16(code).unwrap(), b"");
+        for code in [500, 502, 503, 504, 429] {
+            assert!(Error::from_status(s(code)).is_unreachable(), "{code}");
+        }
+        for code in [400, 401, 403, 404, 409, 413, 422] {
+            assert!(!Error::from_status(s(code)).is_unreachable(), "{code}");
+        }
+    }
+
+    #[test]
     fn detail_is_bounded_and_never_holds_an_id() {
         let body = format!(
             r#"{{"status":"Not Found","error":"instance {ID} is unknown"}}{}"#,
@@ -419,8 +447,17 @@ mod tests {
             "fleet: cc-backend unreachable: fleet bootstrap: timed out after 10s"
         );
         let e = BootstrapError::classify(
-            fallback,
+            fallback.clone(),
             Error::from_status(StatusError::new(Op::Config, StatusCode::BAD_GATEWAY, b"")),
+        );
+        assert!(e.is_unreachable(), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "fleet: cc-backend unreachable: fleet config: unexpected status 502 Bad Gateway"
+        );
+        let e = BootstrapError::classify(
+            fallback,
+            Error::from_status(StatusError::new(Op::Register, StatusCode::BAD_REQUEST, b"")),
         );
         assert!(matches!(e, BootstrapError::Failed { .. }));
     }

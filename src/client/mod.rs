@@ -45,6 +45,7 @@ pub mod config;
 pub mod error;
 mod http;
 pub mod latest;
+mod rosters;
 mod run;
 
 use std::collections::BTreeMap;
@@ -58,6 +59,7 @@ pub use api::MAX_CONFIG_SIZE;
 pub use config::{CONFIG_SCHEMA, Config, ConfigError};
 pub use error::{BootstrapError, Error, Op, StatusError};
 pub use latest::Latest;
+pub use rosters::RosterStats;
 pub use run::{MAX_BACKOFF, MIN_BACKOFF};
 
 use crate::wire::{Provider, Scope, ServiceType};
@@ -199,6 +201,7 @@ struct Inner {
     lifecycle: watch::Sender<Lifecycle>,
     configs: Slot<Update>,
     rosters: Arc<Slot<Vec<Provider>>>,
+    roster_gate: Arc<rosters::RosterGate>,
 }
 
 /// A fleet member. Cheap to clone; all clones share one registration.
@@ -250,6 +253,7 @@ impl Client {
             crate::wire::bucket(&config.cluster),
             opts.service_type,
         );
+        let roster_gate = Arc::new(rosters::RosterGate::new(&config)?);
         let cache = config
             .cache_path
             .clone()
@@ -270,6 +274,7 @@ impl Client {
                 lifecycle: watch::Sender::new(Lifecycle::default()),
                 configs: Slot::new(),
                 rosters: Arc::new(Slot::new()),
+                roster_gate,
             }),
         })
     }
@@ -306,8 +311,15 @@ impl Client {
     }
 
     /// Discovery rosters (full lists, not deltas); an unread roster is replaced by a newer one.
+    /// Only rosters within the configured size and provider caps (and, with
+    /// `roster-public-key`, signed by the fleet server) are delivered.
     pub fn rosters(&self) -> Latest<Vec<Provider>> {
         self.inner.rosters.subscribe()
+    }
+
+    /// How many rosters were accepted and rejected, by reason.
+    pub fn roster_stats(&self) -> RosterStats {
+        self.inner.roster_gate.stats()
     }
 }
 

@@ -15,8 +15,9 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::error::{BootstrapError, Error, Op};
 use super::latest::Slot;
+use super::rosters::RosterGate;
 use super::{Client, Inner, Source, Update};
-use crate::wire::{self, Provider};
+use crate::wire::Provider;
 
 /// First registration retry delay.
 pub const MIN_BACKOFF: Duration = Duration::from_secs(1);
@@ -311,8 +312,13 @@ impl Runner {
         let subject = self.inner.discovery_subject.clone();
         match nats.subscribe(subject.clone()).await {
             Ok(subscriber) => {
-                tracing::info!(%subject, "fleet: subscribed to discovery rosters");
-                let task = tokio::spawn(deliver_rosters(subscriber, self.inner.rosters.clone()));
+                let signed = self.inner.roster_gate.requires_signature();
+                tracing::info!(%subject, signed, "fleet: subscribed to discovery rosters");
+                let task = tokio::spawn(deliver_rosters(
+                    subscriber,
+                    self.inner.rosters.clone(),
+                    self.inner.roster_gate.clone(),
+                ));
                 self.subscription = Some(Subscription { connection, task });
                 self.reporter.recovered("subscribe");
             }
@@ -323,14 +329,18 @@ impl Runner {
     }
 }
 
+/// Hands every roster the gate admits to the application; the gate counts and logs the
+/// rest (too large, too many providers, unsigned or forged when a key is configured).
 async fn deliver_rosters(
     mut subscriber: async_nats::Subscriber,
     rosters: Arc<Slot<Vec<Provider>>>,
+    gate: Arc<RosterGate>,
 ) {
     while let Some(message) = subscriber.next().await {
-        match wire::decode_roster(&message.payload) {
-            Ok(providers) => rosters.offer(providers),
-            Err(e) => tracing::warn!(error = %e, "fleet: ignoring malformed discovery roster"),
+        if let Some(providers) =
+            gate.admit(&message.subject, message.headers.as_ref(), &message.payload)
+        {
+            rosters.offer(providers);
         }
     }
 }

@@ -188,7 +188,7 @@ impl Inner {
                 } => {}
             }
         }
-        tracing::debug!("stopping service discovery keep-in-sync");
+        tracing::info!("stopping service discovery keep-in-sync");
     }
 }
 

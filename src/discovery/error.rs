@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::Instance;
 use crate::duration::GoDuration;
+use crate::untrusted::Untrusted;
 
 /// Why a discoverer could not produce a set of instances, or could not be built.
 ///
@@ -52,12 +53,15 @@ pub enum DiscoveryError {
         error: reqwest::Error,
     },
     /// A source answered with a non-success HTTP status.
-    #[error("{operation}: unexpected HTTP status {status}")]
+    #[error("{operation}: unexpected HTTP status {status}{}", status_message(message.as_deref()))]
     Status {
         /// What was being done.
         operation: String,
         /// The HTTP status code.
         status: u16,
+        /// What the source said about it (e.g. Nomad's `ACL token not found`), as sent;
+        /// displayed escaped and capped, since it is the peer's text.
+        message: Option<String>,
     },
     /// A source answered with a body that is not what its API documents.
     #[error("{operation}: malformed response: {error}")]
@@ -75,17 +79,17 @@ pub enum DiscoveryError {
         /// What was missing.
         reason: &'static str,
     },
-    /// Listing pods through the Kubernetes API failed.
-    #[cfg(feature = "kubernetes")]
-    #[error("listing kubernetes pods: {}", chain(error))]
-    Kubernetes {
-        /// The client error.
-        error: kube::Error,
-    },
     /// The Kubernetes client could not be configured or built.
     #[error("building the kubernetes client: {reason}")]
     KubernetesClient {
         /// Why (never the endpoint itself).
+        reason: String,
+    },
+    /// No credential for the Kubernetes API could be had (an unreadable service-account
+    /// token, no Google credentials, a token endpoint that failed).
+    #[error("authenticating to the kubernetes API: {reason}")]
+    KubernetesAuth {
+        /// Why (never the credential itself).
         reason: String,
     },
     /// The DNS resolver answered a query with a non-success response code.
@@ -120,6 +124,14 @@ pub enum DiscoveryError {
         /// Why the query could not be built.
         reason: String,
     },
+    /// The DNS resolver was given by host name, and looking that name up failed.
+    #[error("looking up the DNS resolver {resolver:?}: {reason}")]
+    DnsResolverLookup {
+        /// The resolver's `host:port`.
+        resolver: String,
+        /// Why the lookup failed.
+        reason: String,
+    },
     /// No host resolved and at least one failed; a partial resolution is a success.
     #[error("resolving every discovery host failed: {}", join(.0))]
     DnsAllFailed(Vec<DiscoveryError>),
@@ -134,9 +146,7 @@ pub enum DiscoveryError {
         name: String,
     },
     /// The provider names no backend this crate knows.
-    #[error(
-        "unsupported service discovery provider: {0} (use DNS, K8S-PODS, NOMAD, NOMAD+K8S-PODS or STATIC)"
-    )]
+    #[error("{}", unsupported_provider(.0))]
     UnsupportedProvider(String),
     /// DNS provider without `DNS_RESOLVER_ADDRESS`.
     #[error("missing DNS resolver address (DNS_RESOLVER_ADDRESS)")]
@@ -224,6 +234,26 @@ fn refresh_failed(last_known: Option<&[Instance]>, error: &DiscoveryError) -> St
             set.len()
         ),
         None => format!("refresh failed before any set was read: {error}"),
+    }
+}
+
+fn unsupported_provider(provider: &str) -> String {
+    let mut text = format!(
+        "unsupported service discovery provider: {} (use DNS, K8S-PODS, NOMAD, NOMAD+K8S-PODS or STATIC)",
+        Untrusted(provider)
+    );
+    if provider.trim().eq_ignore_ascii_case("local") {
+        // The local lister exists, but as a library type; the provider that does its job is
+        // a static list of one.
+        text.push_str("; for one fixed address use PROVIDER=STATIC with STATIC=host:port");
+    }
+    text
+}
+
+fn status_message(message: Option<&str>) -> String {
+    match message {
+        Some(m) => format!(": {}", Untrusted(m)),
+        None => String::new(),
     }
 }
 

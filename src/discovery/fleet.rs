@@ -107,7 +107,7 @@ impl Discoverer for FleetRosters {
             .filter(|p| {
                 self.types
                     .as_ref()
-                    .is_none_or(|types| types.contains(&p.service_type))
+                    .is_none_or(|types| types.iter().any(|t| p.service_type == *t))
             })
             .map(|p| self.instance(p))
             .collect())

@@ -13,6 +13,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// One request may take this long, so a lister used without [`Cached`](super::Cached) is
 /// still bounded; it matches the cache's refresh timeout.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How much of an error answer is read for its message; the message shown is capped shorter
+/// still (see [`crate::untrusted`]).
+const ERROR_BODY_LIMIT: usize = 4096;
 
 /// Builds the HTTP client of a source.
 ///
@@ -21,13 +24,18 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// following one could hand the credential to another origin. A redirect therefore surfaces
 /// as an unexpected status.
 pub(crate) fn client() -> Result<reqwest::Client, DiscoveryError> {
+    client_builder()
+        .build()
+        .map_err(|error| DiscoveryError::HttpClient { error })
+}
+
+/// The settings of [`client`], for a source that adds its own (trust anchors).
+pub(crate) fn client_builder() -> reqwest::ClientBuilder {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(REQUEST_TIMEOUT)
         .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|error| DiscoveryError::HttpClient { error })
 }
 
 /// Parses an endpoint setting; the error never echoes the value, which may carry credentials.
@@ -83,9 +91,11 @@ pub(crate) async fn get_json<T: DeserializeOwned>(
         .map_err(|e| DiscoveryError::request(operation(), e))?;
     let status = response.status();
     if !status.is_success() {
+        let body = error_body(response).await;
         return Err(DiscoveryError::Status {
             operation: operation(),
             status: status.as_u16(),
+            message: error_message(&body),
         });
     }
     let body = response
@@ -96,4 +106,65 @@ pub(crate) async fn get_json<T: DeserializeOwned>(
         operation: operation(),
         error,
     })
+}
+
+/// Reads at most [`ERROR_BODY_LIMIT`] bytes of an error answer; a failure to read it leaves
+/// the message empty rather than hiding the status.
+pub(crate) async fn error_body(mut response: reqwest::Response) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < ERROR_BODY_LIMIT {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    body.truncate(ERROR_BODY_LIMIT);
+    body
+}
+
+/// The message of an error answer: a JSON `message` (or `error`) field where the source
+/// sends one (Kubernetes `Status`, many gateways), else the whole body as text, trimmed. `None`
+/// when there is nothing to show. The text is the peer's: it is escaped and capped only
+/// where it is displayed.
+pub(crate) fn error_message(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Message {
+        #[serde(default)]
+        message: Option<String>,
+        #[serde(default)]
+        error: Option<String>,
+    }
+    let text = serde_json::from_slice::<Message>(body)
+        .ok()
+        .and_then(|m| m.message.or(m.error))
+        .filter(|m| !m.trim().is_empty())
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_message;
+
+    #[test]
+    fn error_messages_come_from_json_or_the_text() {
+        assert_eq!(
+            error_message(br#"{"kind":"Status","message":"pods is forbidden"}"#).as_deref(),
+            Some("pods is forbidden")
+        );
+        assert_eq!(
+            error_message(br#"{"error":"invalid_grant"}"#).as_deref(),
+            Some("invalid_grant")
+        );
+        assert_eq!(
+            error_message(br#"{"code":503}"#).as_deref(),
+            Some(r#"{"code":503}"#)
+        );
+        assert_eq!(
+            error_message(b"ACL token not found\n").as_deref(),
+            Some("ACL token not found")
+        );
+        assert_eq!(error_message(b"  \n"), None);
+    }
 }

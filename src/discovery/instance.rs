@@ -20,6 +20,34 @@ pub const BACKEND_FLEET: &str = "fleet";
 /// The port an instance listens on when its source does not say (the `PORT` default).
 pub const DEFAULT_PORT: u16 = 5008;
 
+/// The process-wide environment variable (no prefix) holding the default port of the
+/// [`Local`](super::Local) and [`NomadNodePool`](super::NomadNodePool) listers, as in the
+/// deployments these listers come from; unset means [`DEFAULT_PORT`].
+pub const ENV_ORCHESTRATOR_PORT: &str = "ORCHESTRATOR_PORT";
+
+/// The default port of the local and node-pool listers: `ORCHESTRATOR_PORT` from the process
+/// environment, else [`DEFAULT_PORT`]. A value that is not a port is an error naming the
+/// variable, not a silent fallback.
+pub fn orchestrator_port() -> Result<u16, super::DiscoveryError> {
+    orchestrator_port_from(|name| std::env::var(name).ok())
+}
+
+/// [`orchestrator_port`] read through `lookup` instead of the process environment.
+pub fn orchestrator_port_from(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<u16, super::DiscoveryError> {
+    match lookup(ENV_ORCHESTRATOR_PORT).map(|v| v.trim().to_owned()) {
+        None => Ok(DEFAULT_PORT),
+        Some(v) if v.is_empty() => Ok(DEFAULT_PORT),
+        Some(v) => v
+            .parse()
+            .map_err(|_| super::DiscoveryError::InvalidSetting {
+                name: ENV_ORCHESTRATOR_PORT,
+                reason: format!("{:?} is not a port number", crate::untrusted::Untrusted(&v)),
+            }),
+    }
+}
+
 /// One discovered instance.
 ///
 /// It carries two identities because consumers need different ones. `workload_id` answers
@@ -70,6 +98,8 @@ pub(crate) enum HostPortError {
     InvalidPort(String),
     /// Brackets that do not enclose the whole host (`"[::1"`, `"[::1]x"`).
     Malformed,
+    /// More than one colon outside brackets, and not an IPv6 address (`"a:b:c"`).
+    TooManyColons,
 }
 
 impl std::fmt::Display for HostPortError {
@@ -78,6 +108,9 @@ impl std::fmt::Display for HostPortError {
             HostPortError::EmptyHost => f.write_str("empty host"),
             HostPortError::InvalidPort(p) => write!(f, "invalid port {p:?}"),
             HostPortError::Malformed => f.write_str("unbalanced brackets"),
+            HostPortError::TooManyColons => f.write_str(
+                "too many colons: write host:port, or an IPv6 address as [address]:port",
+            ),
         }
     }
 }
@@ -97,12 +130,14 @@ pub(crate) fn split_host_port(s: &str) -> Result<(&str, Option<u16>), HostPortEr
     } else {
         match s.matches(':').count() {
             0 => (s, None),
-            // More than one colon without brackets can only be a bare IPv6 address.
             1 => {
                 let (h, p) = s.split_once(':').unwrap_or((s, ""));
                 (h, Some(p))
             }
-            _ => (s, None),
+            // More than one colon without brackets can only be a bare IPv6 address; anything
+            // else (`a:b:c`) is a typo that must not become a host name.
+            _ if s.parse::<std::net::Ipv6Addr>().is_ok() => (s, None),
+            _ => return Err(HostPortError::TooManyColons),
         }
     };
     if host.is_empty() {
@@ -161,6 +196,8 @@ mod tests {
             Err(HostPortError::InvalidPort("grpc".into()))
         );
         assert_eq!(split_host_port("[::1"), Err(HostPortError::Malformed));
+        assert_eq!(split_host_port("a:b:c"), Err(HostPortError::TooManyColons));
+        assert_eq!(split_host_port("fd00::1:5008"), Ok(("fd00::1:5008", None)));
         assert_eq!(split_host_port("[::1]x"), Err(HostPortError::Malformed));
     }
 }

@@ -13,6 +13,12 @@ pub struct Local {
 }
 
 impl Local {
+    /// The instance at `addr`, with the port of [`orchestrator_port`](super::orchestrator_port)
+    /// (`ORCHESTRATOR_PORT`, default 5008) when `addr` names none.
+    pub fn with_orchestrator_port(addr: &str) -> Result<Local, DiscoveryError> {
+        Local::new(addr, super::orchestrator_port()?)
+    }
+
     /// The instance at `addr`, which is `host:port`, `[v6]:port` or just a host, which then
     /// gets `default_port`.
     pub fn new(addr: &str, default_port: u16) -> Result<Local, DiscoveryError> {

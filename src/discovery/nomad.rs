@@ -40,10 +40,16 @@ pub struct NomadClient {
 impl NomadClient {
     /// A client for the agent at `endpoint` (e.g. `http://127.0.0.1:4646`), sending `token`
     /// as `X-Nomad-Token` when given. No request is made here.
+    ///
+    /// Only the scheme, host and port of `endpoint` are used: the API lives at `/v1/` of the
+    /// agent, so a path (an operator pasting `https://nomad:4646/ui/` from the browser) is
+    /// ignored, as Nomad's own clients do, instead of turning every request into a 404.
     pub fn new(endpoint: &str, token: Option<&str>) -> Result<NomadClient, DiscoveryError> {
+        let mut base = http::endpoint("NOMAD_ENDPOINT", endpoint)?;
+        base.set_path("");
         Ok(NomadClient {
             http: http::client()?,
-            base: http::endpoint("NOMAD_ENDPOINT", endpoint)?,
+            base,
             token: token
                 .filter(|t| !t.is_empty())
                 .map(|t| http::secret_header("NOMAD_TOKEN", t))
@@ -51,12 +57,13 @@ impl NomadClient {
         })
     }
 
+    /// GETs a JSON list; `null` reads as an empty list.
     async fn get<T: DeserializeOwned>(
         &self,
         segments: &[&str],
         query: &[(&str, &str)],
         operation: impl Fn() -> String,
-    ) -> Result<T, DiscoveryError> {
+    ) -> Result<Vec<T>, DiscoveryError> {
         let mut url = http::join(&self.base, segments);
         if !query.is_empty() {
             url.query_pairs_mut().extend_pairs(query);
@@ -65,7 +72,9 @@ impl NomadClient {
         if let Some(token) = &self.token {
             request = request.header(TOKEN_HEADER, token.clone());
         }
-        http::get_json(request, operation).await
+        // Nomad answers `null` where it has nothing to list; that is an empty set.
+        let body: Option<Vec<T>> = http::get_json(request, operation).await?;
+        Ok(body.unwrap_or_default())
     }
 }
 
@@ -209,6 +218,19 @@ impl NomadNodePool {
             ),
             port,
         }
+    }
+
+    /// Lists the ready nodes of `pool`, reporting each at the port of
+    /// [`orchestrator_port`](super::orchestrator_port) (`ORCHESTRATOR_PORT`, default 5008).
+    pub fn with_orchestrator_port(
+        client: NomadClient,
+        pool: &str,
+    ) -> Result<NomadNodePool, DiscoveryError> {
+        Ok(NomadNodePool::new(
+            client,
+            pool,
+            super::orchestrator_port()?,
+        ))
     }
 
     /// The filter expression sent to `/v1/nodes`.

@@ -8,15 +8,27 @@
 //! | `PROVIDER` (required) | `DNS`, `K8S-PODS`, `NOMAD`, `NOMAD+K8S-PODS` or `STATIC`, any case | all |
 //! | `PORT` (default 5008) | the port instances listen on | all |
 //! | `DNS_QUERY` | comma-separated names to resolve | `DNS` |
-//! | `DNS_RESOLVER_ADDRESS` | `ip[:port]` of the resolver | `DNS` |
-//! | `K8S_API_ENDPOINT` | API server URL; empty uses the pod's service account | `K8S-PODS` |
+//! | `DNS_RESOLVER_ADDRESS` | resolver as `ip[:port]` or `host[:port]` (port 53 if omitted) | `DNS` |
+//! | `K8S_API_ENDPOINT` | `https://` API server, reached on Google Application Default Credentials; empty uses the pod's service account (token and CA) and only works inside the cluster | `K8S-PODS` |
+//! | `K8S_API_INSECURE` | `true` allows an `http://` `K8S_API_ENDPOINT` (e.g. `kubectl proxy`), sent no credentials | `K8S-PODS` |
 //! | `POD_NAMESPACE`, `POD_LABELS` | namespace and label selector of the pods | `K8S-PODS` |
 //! | `HOST_IP` | `true` to report the host IP instead of the pod IP | `K8S-PODS` |
 //! | `STATIC` | comma-separated `host[:port]` entries | `STATIC` |
-//! | `NOMAD_ENDPOINT`, `NOMAD_TOKEN` | Nomad agent URL and ACL token | `NOMAD` |
+//! | `NOMAD_ENDPOINT`, `NOMAD_TOKEN` | Nomad agent URL (any path is ignored) and ACL token | `NOMAD` |
 //!
 //! `NOMAD+K8S-PODS` unions the two single-platform providers and needs the settings of both;
 //! Nomad is the primary, so its entries win a deduplication conflict.
+//!
+//! There is no `LOCAL` provider: [`Local`](super::Local) and [`Remote`](super::Remote) are
+//! listers a program builds itself. One fixed address is `PROVIDER=STATIC` with
+//! `STATIC=host:port`.
+//!
+//! Google credentials are found the standard way (`GOOGLE_APPLICATION_CREDENTIALS` naming a
+//! service-account key, gcloud's application-default credentials, or the metadata server on
+//! Google Cloud), not under the prefix. `K8S_API_INSECURE` has no counterpart in the Go
+//! configuration this follows, which has no way to reach an API server over plain HTTP; it
+//! exists so that `kubectl proxy` and test servers stay usable without ever sending a
+//! credential in the clear.
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -50,6 +62,8 @@ pub const ENV_DNS_QUERY: &str = "DNS_QUERY";
 pub const ENV_DNS_RESOLVER_ADDRESS: &str = "DNS_RESOLVER_ADDRESS";
 /// Environment variable (after the prefix) holding the Kubernetes API endpoint.
 pub const ENV_K8S_API_ENDPOINT: &str = "K8S_API_ENDPOINT";
+/// Environment variable (after the prefix) allowing a plain-HTTP Kubernetes endpoint.
+pub const ENV_K8S_API_INSECURE: &str = "K8S_API_INSECURE";
 /// Environment variable (after the prefix) holding the pods' namespace.
 pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
 /// Environment variable (after the prefix) holding the pods' label selector.
@@ -65,12 +79,13 @@ pub const ENV_NOMAD_TOKEN: &str = "NOMAD_TOKEN";
 
 /// Every variable [`Config::from_env`] reads, after the prefix. Consumers document these
 /// under their own prefix; a rename here would silently leave a setting unread there.
-pub const ENV_NAMES: [&str; 11] = [
+pub const ENV_NAMES: [&str; 12] = [
     ENV_PROVIDER,
     ENV_PORT,
     ENV_DNS_QUERY,
     ENV_DNS_RESOLVER_ADDRESS,
     ENV_K8S_API_ENDPOINT,
+    ENV_K8S_API_INSECURE,
     ENV_POD_NAMESPACE,
     ENV_POD_LABELS,
     ENV_HOST_IP,
@@ -153,13 +168,18 @@ pub struct Config {
     /// Names to resolve (`DNS_QUERY`).
     #[serde(default)]
     pub dns_query: Vec<String>,
-    /// `ip[:port]` of the DNS resolver (`DNS_RESOLVER_ADDRESS`).
+    /// `ip[:port]` or `host[:port]` of the DNS resolver (`DNS_RESOLVER_ADDRESS`).
     #[serde(default)]
     pub dns_resolver_address: String,
-    /// Kubernetes API endpoint (`K8S_API_ENDPOINT`); empty uses the pod's own service account
-    /// and only works inside the cluster.
+    /// Kubernetes API endpoint (`K8S_API_ENDPOINT`), `https://` and reached on Google
+    /// Application Default Credentials; empty uses the pod's own service account and only
+    /// works inside the cluster.
     #[serde(default)]
     pub k8s_api_endpoint: String,
+    /// Allow a plain `http://` Kubernetes endpoint, reached without credentials
+    /// (`K8S_API_INSECURE`).
+    #[serde(default)]
+    pub k8s_api_insecure: bool,
     /// Namespace of the pods (`POD_NAMESPACE`).
     #[serde(default)]
     pub pod_namespace: String,
@@ -189,6 +209,7 @@ impl Config {
             dns_query: Vec::new(),
             dns_resolver_address: String::new(),
             k8s_api_endpoint: String::new(),
+            k8s_api_insecure: false,
             pod_namespace: String::new(),
             pod_labels: String::new(),
             host_ip: false,
@@ -254,19 +275,22 @@ impl Config {
                 reason: format!("{v:?} is not a port number"),
             })?,
         };
-        let host_ip = match get(ENV_HOST_IP) {
-            None => false,
+        let boolean = |name: &'static str| match get(name) {
+            None => Ok(false),
             Some(v) => parse_go_bool(&v).ok_or_else(|| DiscoveryError::InvalidSetting {
-                name: ENV_HOST_IP,
+                name,
                 reason: format!("{v:?} is not a boolean"),
-            })?,
+            }),
         };
+        let host_ip = boolean(ENV_HOST_IP)?;
+        let k8s_api_insecure = boolean(ENV_K8S_API_INSECURE)?;
         Ok(Config {
             provider,
             port,
             dns_query: list(ENV_DNS_QUERY),
             dns_resolver_address: get(ENV_DNS_RESOLVER_ADDRESS).unwrap_or_default(),
             k8s_api_endpoint: get(ENV_K8S_API_ENDPOINT).unwrap_or_default(),
+            k8s_api_insecure,
             pod_namespace: get(ENV_POD_NAMESPACE).unwrap_or_default(),
             pod_labels: get(ENV_POD_LABELS).unwrap_or_default(),
             host_ip,
@@ -290,6 +314,7 @@ impl std::fmt::Debug for Config {
             .field("dns_query", &self.dns_query)
             .field("dns_resolver_address", &self.dns_resolver_address)
             .field("k8s_api_endpoint", &redacted(&self.k8s_api_endpoint))
+            .field("k8s_api_insecure", &self.k8s_api_insecure)
             .field("pod_namespace", &self.pod_namespace)
             .field("pod_labels", &self.pod_labels)
             .field("host_ip", &self.host_ip)
@@ -382,24 +407,22 @@ fn kubernetes(config: &Config, kind: Kind) -> Result<Arc<dyn Discoverer>, Discov
     }
     #[cfg(feature = "kubernetes")]
     {
+        use super::{KubernetesApi, KubernetesPods};
         let _ = kind;
-        let pods = if config.k8s_api_endpoint.is_empty() {
-            super::KubernetesPods::in_cluster(
-                &config.pod_namespace,
-                &config.pod_labels,
-                config.port,
-                config.host_ip,
-            )?
+        let api = if config.k8s_api_endpoint.is_empty() {
+            KubernetesApi::in_cluster()?
+        } else if config.k8s_api_insecure {
+            KubernetesApi::insecure(&config.k8s_api_endpoint)?
         } else {
-            super::KubernetesPods::with_endpoint(
-                &config.k8s_api_endpoint,
-                &config.pod_namespace,
-                &config.pod_labels,
-                config.port,
-                config.host_ip,
-            )?
+            KubernetesApi::google(&config.k8s_api_endpoint)?
         };
-        Ok(Arc::new(pods))
+        Ok(Arc::new(KubernetesPods::new(
+            api,
+            &config.pod_namespace,
+            &config.pod_labels,
+            config.port,
+            config.host_ip,
+        )))
     }
     #[cfg(not(feature = "kubernetes"))]
     Err(DiscoveryError::KubernetesUnavailable(kind.to_string()))

@@ -6,7 +6,6 @@ use reqwest::header::HeaderValue;
 use serde::Deserialize;
 use tracing::Instrument as _;
 
-use super::instance::split_host_port;
 use super::{BACKEND_REMOTE, Discoverer, DiscoveryError, Instance, http};
 
 /// The header the edge API reads its key from.
@@ -65,13 +64,11 @@ impl Remote {
         }
         let body: ServiceDiscoveryResponse =
             http::get_json(request, || OPERATION.to_owned()).await?;
-        let orchestrators =
-            body.orchestrators
-                .ok_or_else(|| DiscoveryError::IncompleteResponse {
-                    operation: OPERATION.to_owned(),
-                    reason: "the response carries no instance list",
-                })?;
-        Ok(orchestrators
+        // A missing or `null` list is how the edge API says "no instances": an empty set.
+        // A body that is not an object at all still fails to decode.
+        Ok(body
+            .orchestrators
+            .unwrap_or_default()
             .into_iter()
             .map(|o| Instance {
                 workload_id: o.service_instance_id,
@@ -84,13 +81,25 @@ impl Remote {
     }
 }
 
-/// The host part of `host:port`, `[v6]:port` or a bare host, trimmed; anything that does not
-/// split is returned as it is.
+/// The host part of the edge API's `serviceHost`, trimmed, split the way Go's
+/// `net.SplitHostPort` splits: at the last colon, whatever follows it (`node-1:grpc` and
+/// `host:` lose their port part too, and `:5008` leaves an empty host), `[v6]:port` without
+/// the brackets. A value that does not split (no colon, or a bare IPv6 address) is kept as
+/// it is, except that brackets around a bare IPv6 address are dropped.
 fn host_without_port(s: &str) -> String {
     let s = s.trim();
-    match split_host_port(s) {
-        Ok((host, _)) => host.to_owned(),
-        Err(_) => s.to_owned(),
+    if let Some(rest) = s.strip_prefix('[') {
+        return match rest.split_once(']') {
+            Some((host, "")) => host.to_owned(),
+            Some((host, after)) if after.starts_with(':') && !after[1..].contains(':') => {
+                host.to_owned()
+            }
+            _ => s.to_owned(),
+        };
+    }
+    match s.rsplit_once(':') {
+        Some((host, _)) if !host.contains(':') && !host.contains('[') => host.to_owned(),
+        _ => s.to_owned(),
     }
 }
 
@@ -125,6 +134,10 @@ mod tests {
             ("[fd00::1]:5008", "fd00::1"),
             ("fd00::1", "fd00::1"),
             ("node-1.internal:5008", "node-1.internal"),
+            ("node-1:grpc", "node-1"),
+            (":5008", ""),
+            ("host:", "host"),
+            ("[fd00::1]", "fd00::1"),
             ("", ""),
         ] {
             assert_eq!(host_without_port(input), want, "{input:?}");

@@ -426,6 +426,10 @@ fn scan_string(buf: &[u8], start: usize) -> Result<(usize, bool, usize), Failure
         };
         let mut mask = scan::string_specials(word);
         if mask == 0 {
+            if i + 8 >= buf.len() {
+                // That was the last (possibly zero-padded) word: no closing quote.
+                return Err(unterminated());
+            }
             quiet_words += 1;
             if quiet_words >= 4 {
                 quiet_words = 0;
@@ -628,6 +632,49 @@ mod tests {
             }
         }
         None
+    }
+
+    #[test]
+    fn an_unterminated_string_near_the_end_of_the_input_is_an_error_not_a_panic() {
+        // 25-31 bytes after the quote once made the scanner search past the end.
+        for n in 0..=80 {
+            let input = format!("m f=\"{}", "a".repeat(n));
+            let got: Vec<_> = Decoder::new(input.as_bytes()).collect();
+            assert_eq!(got.len(), 1, "{input:?}");
+            let error = got[0].as_ref().unwrap_err();
+            assert_eq!(error.kind, DecodeErrorKind::UnterminatedString, "{input:?}");
+            assert_eq!((error.line, error.column), (1, 5), "{input:?}");
+        }
+        let heartbeat = b"fleet,function=heartbeat event=\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        let error = Decoder::new(heartbeat).next().unwrap().unwrap_err();
+        assert_eq!(error.kind, DecodeErrorKind::UnterminatedString);
+    }
+
+    /// Every special the string scan looks for, alone and in the pairs that straddle words.
+    const STRING_SPECIALS: [&[u8]; 9] = [
+        b"", b"\"", b"\\", b"\\\"", b"\\\\", b"\n", b"\\\n", b"\\n", b"\"\"",
+    ];
+
+    #[test]
+    fn string_scan_agrees_with_a_byte_loop_for_every_length_and_position() {
+        // Strings of 0..=80 bytes, with each special at every position (or at the very end,
+        // where a backslash has nothing to escape), after openings of every alignment.
+        for lead in 0..9 {
+            for n in 0..=80 {
+                for at in 0..=n {
+                    for special in STRING_SPECIALS {
+                        let mut buf = vec![b'x'; lead];
+                        buf.push(b'"');
+                        let start = buf.len();
+                        buf.extend(std::iter::repeat_n(b'a', at));
+                        buf.extend_from_slice(special);
+                        buf.extend(std::iter::repeat_n(b'a', n - at));
+                        let got = scan_string(&buf, start).ok();
+                        assert_eq!(got, reference(&buf, start), "{:?}", buf.escape_ascii());
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -193,6 +193,28 @@ mod tests {
     }
 
     #[test]
+    fn word_copy_agrees_with_piecewise_unescaping_for_every_length_and_position() {
+        // Tokens of 0..=80 bytes with each escape (or a lone trailing backslash) at every
+        // position: every split between whole words and the tail.
+        let escapes = ["\\", "\\\\", "\\\"", "\\n", "\\ ", "\\,", "\\=", "\\x", "é"];
+        for n in 0..=80 {
+            for at in 0..=n {
+                for escape in escapes {
+                    let raw = format!("{}{escape}{}", "a".repeat(at), "b".repeat(n - at));
+                    for kind in [
+                        TokenKind::Measurement,
+                        TokenKind::Key,
+                        TokenKind::StringField,
+                    ] {
+                        assert_eq!(unescape(&raw, kind), reference(&raw, kind), "{raw:?}");
+                        assert!(unescaped_eq(&raw, kind, &reference(&raw, kind)));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn word_copy_agrees_with_piecewise_unescaping() {
         let alphabet = [
             "a",

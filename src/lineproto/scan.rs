@@ -36,9 +36,13 @@ pub(crate) fn load(bytes: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(word)
 }
 
-/// The index of the first byte at or after `from` that is `a`, `b` or `c`.
+/// The index of the first byte at or after `from` that is `a`, `b` or `c`; `None` also when
+/// `from` is past the end.
 #[inline]
 pub(crate) fn find3(bytes: &[u8], from: usize, a: u8, b: u8, c: u8) -> Option<usize> {
+    if from >= bytes.len() {
+        return None;
+    }
     let mut i = from;
     let swar_end = bytes.len().min(from.saturating_add(SWAR_SPAN));
     while i + 8 <= swar_end {
@@ -52,9 +56,12 @@ pub(crate) fn find3(bytes: &[u8], from: usize, a: u8, b: u8, c: u8) -> Option<us
     memchr::memchr3(a, b, c, &bytes[i..]).map(|offset| i + offset)
 }
 
-/// The index of the first `byte` at or after `from`.
+/// The index of the first `byte` at or after `from`; `None` also when `from` is past the end.
 #[inline]
 pub(crate) fn find1(bytes: &[u8], from: usize, byte: u8) -> Option<usize> {
+    if from >= bytes.len() {
+        return None;
+    }
     let mut i = from;
     let swar_end = bytes.len().min(from.saturating_add(SWAR_SPAN));
     while i + 8 <= swar_end {
@@ -70,6 +77,73 @@ pub(crate) fn find1(bytes: &[u8], from: usize, byte: u8) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn reference_mask(word: u64, wanted: impl Fn(u8) -> bool) -> u64 {
+        (0..8)
+            .filter(|&i| wanted(word.to_le_bytes()[i]))
+            .map(|i| 0x80u64 << (i * 8))
+            .sum()
+    }
+
+    #[test]
+    fn word_masks_are_exact_for_every_byte_in_every_lane() {
+        for byte in 0..=255u8 {
+            for lane in 0..8 {
+                for background in [0u8, b'a', 0x7f, 0x80, 0xff, byte ^ 1, byte.wrapping_add(1)] {
+                    let mut bytes = [background; 8];
+                    bytes[lane] = byte;
+                    // A neighbour equal to the byte one below a special is where borrows
+                    // in word arithmetic would show.
+                    bytes[(lane + 1) % 8] = byte.wrapping_sub(1);
+                    let word = u64::from_le_bytes(bytes);
+                    assert_eq!(
+                        string_specials(word),
+                        reference_mask(word, |b| matches!(b, b'"' | b'\\' | b'\n')),
+                        "{bytes:?}"
+                    );
+                    assert_eq!(
+                        backslashes(word),
+                        reference_mask(word, |b| b == b'\\'),
+                        "{bytes:?}"
+                    );
+                    assert_eq!(eq_mask(word, byte), reference_mask(word, |b| b == byte));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn searches_agree_with_a_byte_loop_for_every_length_position_and_start() {
+        // Haystacks of 0..=80 bytes with the needle at every position (or absent), searched
+        // from every start including past the end: every split between the word loop and
+        // `memchr`, and every tail.
+        for len in 0..=80usize {
+            for at in (0..len).map(Some).chain([None]) {
+                for needle in [b'"', b'\\', b'\n'] {
+                    let mut hay = vec![b'a'; len];
+                    if let Some(at) = at {
+                        hay[at] = needle;
+                    }
+                    for from in 0..=len + 9 {
+                        let want = hay
+                            .iter()
+                            .enumerate()
+                            .skip(from)
+                            .find(|&(_, &b)| matches!(b, b'"' | b'\\' | b'\n'))
+                            .map(|(i, _)| i);
+                        assert_eq!(find3(&hay, from, b'"', b'\\', b'\n'), want);
+                        let want1 = hay
+                            .iter()
+                            .enumerate()
+                            .skip(from)
+                            .find(|&(_, &b)| b == needle)
+                            .map(|(i, _)| i);
+                        assert_eq!(find1(&hay, from, needle), want1, "{len} {at:?} {from}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn agrees_with_a_plain_search() {

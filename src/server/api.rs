@@ -7,7 +7,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -17,13 +18,13 @@ use serde::Deserialize;
 use super::allowlist::Allowlist;
 use super::auth::{self, Verifier};
 use super::configtree::ConfigTree;
+use super::health::Health;
 use super::metrics::Metrics;
+use super::names;
 use super::registry::{Registration, Registry};
 use super::roster::RosterNotify;
-use crate::wire::{
-    HEADER_CONFIG_REVISION, RegisterResponse, Scope, ServiceType, is_instance_id,
-    safe_path_component,
-};
+use crate::untrusted::Untrusted;
+use crate::wire::{HEADER_CONFIG_REVISION, RegisterResponse, Scope, ServiceType, is_instance_id};
 
 /// Request bodies larger than this answer 413.
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -37,6 +38,7 @@ pub(crate) struct AppState {
     pub allowlist: Arc<Allowlist>,
     pub metrics: Arc<Metrics>,
     pub roster: RosterNotify,
+    pub health: Health,
 }
 
 /// Builds the router.
@@ -50,7 +52,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
         .merge(fleet)
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -100,9 +102,90 @@ fn error(status: StatusCode, message: &str) -> Response {
     error_with_status(status, status_text(status), message)
 }
 
-fn internal(context: &str, e: impl std::fmt::Display) -> Response {
-    tracing::error!("fleet: {context}: {e}");
+/// The 500 answer; what went wrong is logged by the caller, never sent.
+pub(crate) fn internal_error() -> Response {
     error(StatusCode::INTERNAL_SERVER_ERROR, "internal server error")
+}
+
+/// Every way an API request fails, mapped to cc-backend's status and error body in one
+/// place ([`IntoResponse`]); internal errors are logged there and answered without detail.
+#[derive(Debug)]
+pub(crate) enum ApiError {
+    /// 400 with the message.
+    BadRequest(String),
+    /// 400: the path's instance id is not 32 lowercase hex digits.
+    MalformedId,
+    /// 404: no such live instance.
+    UnknownInstance,
+    /// 401: no, or no valid, credentials (or a client outside `api-allowed-ips`).
+    Unauthorized(auth::AuthError),
+    /// 403: authenticated, but not allowed.
+    Forbidden(&'static str),
+    /// 413: the body exceeds [`BODY_LIMIT`].
+    PayloadTooLarge,
+    /// 500: a failure of the server itself.
+    Internal {
+        /// What the server was doing.
+        context: &'static str,
+        /// Why it failed (logged, never answered).
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl ApiError {
+    fn internal(context: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        ApiError::Internal {
+            context,
+            source: Box::new(e),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match self {
+            ApiError::BadRequest(message) => error(StatusCode::BAD_REQUEST, &message),
+            ApiError::MalformedId => error(StatusCode::BAD_REQUEST, "malformed instance id"),
+            ApiError::UnknownInstance => {
+                error(StatusCode::NOT_FOUND, "unknown or deregistered instance id")
+            }
+            ApiError::Unauthorized(e) => error(StatusCode::UNAUTHORIZED, &e.to_string()),
+            ApiError::Forbidden(message) => error(StatusCode::FORBIDDEN, message),
+            ApiError::PayloadTooLarge => error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("request body exceeds {BODY_LIMIT} bytes"),
+            ),
+            ApiError::Internal { context, source } => {
+                tracing::error!("fleet: {context}: {source}");
+                internal_error()
+            }
+        }
+    }
+}
+
+/// The `{id}` of a path, checked to be an instance id before any handler runs; its
+/// rejection is cc-backend's `400 malformed instance id`. Never shown: it is a credential.
+pub(crate) struct InstanceId(String);
+
+impl std::fmt::Debug for InstanceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InstanceId(..)")
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for InstanceId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::MalformedId)?;
+        if is_instance_id(&id) {
+            Ok(InstanceId(id))
+        } else {
+            Err(ApiError::MalformedId)
+        }
+    }
 }
 
 async fn not_found() -> Response {
@@ -111,6 +194,28 @@ async fn not_found() -> Response {
         "Resource not found",
         "the requested endpoint does not exist",
     )
+}
+
+/// 200 when the database takes writes and NATS (if configured) is connected, else 503;
+/// the JSON body names each dependency's state.
+async fn healthz(State(state): State<AppState>) -> Response {
+    let report = state.health.check().await;
+    let status = if report.healthy() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let mut body = serde_json::to_vec(&report).expect("health report serializes");
+    body.push(b'\n');
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
@@ -125,7 +230,9 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// IP allowlist, then token and role, as cc-backend's `AuthAPI`; every failure is 401.
+/// IP allowlist, then token and role, as cc-backend's `AuthAPI`: no or a bad token (or a
+/// client outside the allowlist) is 401, a valid token without the `api` role 403, as
+/// cc-backend documents it.
 async fn authorize(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -143,7 +250,7 @@ async fn authorize(
     }
     let unauthorized = |e: auth::AuthError| {
         tracing::debug!("fleet: rejected API request from {peer}: {e}");
-        error(StatusCode::UNAUTHORIZED, &e.to_string())
+        ApiError::Unauthorized(e).into_response()
     };
     if !state.allowlist.allows(request.headers(), peer) {
         return unauthorized(auth::AuthError::IpNotAllowed);
@@ -154,7 +261,10 @@ async fn authorize(
         };
         match verifier.verify(token) {
             Ok(claims) if auth::roles_grant_api(&claims.roles) => {}
-            Ok(_) => return unauthorized(auth::AuthError::MissingRole),
+            Ok(_) => {
+                tracing::debug!("fleet: refused API request from {peer}: missing role: api");
+                return ApiError::Forbidden("missing role: api").into_response();
+            }
             Err(e) => return unauthorized(e),
         }
     }
@@ -179,23 +289,22 @@ struct RegisterBody {
 async fn register_cluster(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
+) -> Result<Response, ApiError> {
     register(state, Scope::Cluster, body).await
 }
 
 async fn register_infra(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
+) -> Result<Response, ApiError> {
     register(state, Scope::Infra, body).await
 }
 
-fn body_rejected(rejection: &BytesRejection) -> Response {
-    let status = rejection.status();
-    if status == StatusCode::PAYLOAD_TOO_LARGE {
-        error(status, &format!("request body exceeds {BODY_LIMIT} bytes"))
+fn body_rejected(rejection: &BytesRejection) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::PayloadTooLarge
     } else {
-        error(StatusCode::BAD_REQUEST, "cannot read request body")
+        ApiError::BadRequest("cannot read request body".into())
     }
 }
 
@@ -214,17 +323,12 @@ fn validate(scope: Scope, body: RegisterBody) -> Result<Registration, String> {
         return Err("hostname is required".into());
     }
     let Ok(service_type) = service_type.parse::<ServiceType>() else {
-        return Err(format!("unknown serviceType {service_type:?}"));
+        return Err(names::unknown_service_type(&service_type));
     };
-    if !safe_path_component(&hostname) {
-        return Err(format!(
-            "invalid hostname {hostname:?}: must not be '.' or contain '..', '/' or '\\'"
-        ));
-    }
-    if scope == Scope::Cluster && !safe_path_component(&cluster) {
-        return Err(format!(
-            "invalid cluster {cluster:?}: must not be '.' or contain '..', '/' or '\\'"
-        ));
+    // Both become parts of config-tree paths; the cluster also a roster subject token.
+    names::check_hostname(&hostname)?;
+    if scope == Scope::Cluster {
+        names::check_cluster(&cluster)?;
     }
     Ok(Registration {
         scope,
@@ -235,84 +339,76 @@ fn validate(scope: Scope, body: RegisterBody) -> Result<Registration, String> {
     })
 }
 
-async fn register(state: AppState, scope: Scope, body: Result<Bytes, BytesRejection>) -> Response {
-    let body = match body {
-        Ok(body) => body,
-        Err(rejection) => return body_rejected(&rejection),
-    };
+async fn register(
+    state: AppState,
+    scope: Scope,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|rejection| body_rejected(&rejection))?;
     // Like Go's json.Decoder, only the first JSON value of the body counts.
     let parsed = serde_json::Deserializer::from_slice(&body)
         .into_iter::<RegisterBody>()
         .next();
     let request = match parsed {
         Some(Ok(request)) => request,
-        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
-        None => return error(StatusCode::BAD_REQUEST, "empty request body"),
+        Some(Err(e)) => return Err(ApiError::BadRequest(e.to_string())),
+        None => return Err(ApiError::BadRequest("empty request body".into())),
     };
-    let registration = match validate(scope, request) {
-        Ok(r) => r,
-        Err(message) => return error(StatusCode::BAD_REQUEST, &message),
-    };
+    let registration = validate(scope, request).map_err(ApiError::BadRequest)?;
+    // Names come from the client: escaped in the log even though validation refuses
+    // control characters, so a future rule change cannot reopen log forging.
     let label = match scope {
         Scope::Cluster => format!(
             "{}/{}/{}",
-            registration.cluster,
+            Untrusted(&registration.cluster),
             registration.service_type.code(),
-            registration.hostname
+            Untrusted(&registration.hostname)
         ),
         Scope::Infra => format!(
             "infra {}/{}",
             registration.service_type.code(),
-            registration.hostname
+            Untrusted(&registration.hostname)
         ),
     };
-    match state.registry.register(registration).await {
-        Ok(registered) => {
-            tracing::info!("fleet: registered {label}");
-            state.roster.notify();
-            let mut body = serde_json::to_vec(&RegisterResponse {
-                instance_id: registered.instance_id,
-                config_revision: registered.config_revision,
-            })
-            .expect("response serializes");
-            body.push(b'\n');
-            (
-                StatusCode::CREATED,
-                [(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                )],
-                body,
-            )
-                .into_response()
-        }
-        Err(e) => internal("registering a service", e),
-    }
+    let registered = state
+        .registry
+        .register(registration)
+        .await
+        .map_err(|e| ApiError::internal("registering a service", e))?;
+    tracing::info!("fleet: registered {label}");
+    state.roster.notify();
+    let mut body = serde_json::to_vec(&RegisterResponse {
+        instance_id: registered.instance_id,
+        config_revision: registered.config_revision,
+    })
+    .expect("response serializes");
+    body.push(b'\n');
+    Ok((
+        StatusCode::CREATED,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response())
 }
 
-fn malformed_id() -> Response {
-    error(StatusCode::BAD_REQUEST, "malformed instance id")
-}
-
-fn unknown_instance() -> Response {
-    error(StatusCode::NOT_FOUND, "unknown or deregistered instance id")
-}
-
-async fn heartbeat(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    if !is_instance_id(&id) {
-        return malformed_id();
+async fn heartbeat(
+    State(state): State<AppState>,
+    InstanceId(id): InstanceId,
+) -> Result<Response, ApiError> {
+    let activated = state
+        .registry
+        .heartbeat(&id)
+        .await
+        .map_err(|e| ApiError::internal("applying a heartbeat", e))?
+        .ok_or(ApiError::UnknownInstance)?;
+    Metrics::add(&state.metrics.rest_heartbeats, 1);
+    if activated {
+        state.roster.notify();
     }
-    match state.registry.heartbeat(&id).await {
-        Ok(None) => unknown_instance(),
-        Ok(Some(activated)) => {
-            Metrics::add(&state.metrics.rest_heartbeats, 1);
-            if activated {
-                state.roster.notify();
-            }
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(e) => internal("applying a heartbeat", e),
-    }
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// cc-backend's `etagMatches`: a comma-separated list, `*` matches anything, `W/` and
@@ -329,19 +425,14 @@ fn etag_matches(if_none_match: &str, revision: &str) -> bool {
 
 async fn config(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    InstanceId(id): InstanceId,
     headers: HeaderMap,
-) -> Response {
-    if !is_instance_id(&id) {
-        return malformed_id();
-    }
-    let Some(service) = state
+) -> Result<Response, ApiError> {
+    let service = state
         .registry
         .lookup(&id)
         .filter(|s| s.state != super::registry::State::Deregistered)
-    else {
-        return unknown_instance();
-    };
+        .ok_or(ApiError::UnknownInstance)?;
     let resolved = state.tree.as_ref().and_then(|tree| {
         tree.resolve(
             service.scope,
@@ -351,14 +442,16 @@ async fn config(
         )
     });
     let Some(resolved) = resolved else {
-        return StatusCode::NO_CONTENT.into_response();
+        return Ok(StatusCode::NO_CONTENT.into_response());
     };
     let revision = resolved.revision.to_string();
     // cc-backend acknowledges before the conditional check: a 304 is a successful pull too.
-    if resolved.revision != service.config_revision
-        && let Err(e) = state.registry.acknowledge(&id, resolved.revision).await
-    {
-        return internal("acknowledging a config revision", e);
+    if resolved.revision != service.config_revision {
+        state
+            .registry
+            .acknowledge(&id, resolved.revision)
+            .await
+            .map_err(|e| ApiError::internal("acknowledging a config revision", e))?;
     }
     let etag = HeaderValue::from_str(&format!("\"{revision}\"")).expect("digits are valid");
     let rev_header = HeaderValue::from_str(&revision).expect("digits are valid");
@@ -381,23 +474,23 @@ async fn config(
     response
         .headers_mut()
         .insert(HEADER_CONFIG_REVISION, rev_header);
-    response
+    Ok(response)
 }
 
-async fn deregister(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    if !is_instance_id(&id) {
-        return malformed_id();
+async fn deregister(
+    State(state): State<AppState>,
+    InstanceId(id): InstanceId,
+) -> Result<Response, ApiError> {
+    let changed = state
+        .registry
+        .deregister(&id)
+        .await
+        .map_err(|e| ApiError::internal("deregistering a service", e))?;
+    if changed {
+        tracing::info!("fleet: deregistered an instance");
+        state.roster.notify();
     }
-    match state.registry.deregister(&id).await {
-        Ok(changed) => {
-            if changed {
-                tracing::info!("fleet: deregistered an instance");
-                state.roster.notify();
-            }
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(e) => internal("deregistering a service", e),
-    }
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::error::ServerError;
+use crate::untrusted::Untrusted;
 
 /// Default HTTP listen address.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";
@@ -25,6 +26,13 @@ pub const DEFAULT_HEARTBEAT_CONCURRENCY: usize = 2;
 pub const DEFAULT_DISCOVERY_INTERVAL: Duration = Duration::from_secs(60);
 /// Default delay that coalesces roster re-publishes after registry changes.
 pub const DEFAULT_DISCOVERY_DEBOUNCE: Duration = Duration::from_secs(2);
+/// Default time a client has to send a request's headers (and the idle keep-alive limit).
+pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default longest pause while a request body is received.
+pub const DEFAULT_HTTP_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default number of HTTP connections served at once: well below the common soft limit of
+/// 1024 file descriptors, so the registry and the config tree reload keep theirs.
+pub const DEFAULT_HTTP_MAX_CONNECTIONS: usize = 512;
 
 /// The whole server configuration.
 #[derive(Debug, Clone)]
@@ -36,11 +44,20 @@ pub struct ServerConfig {
     /// Client addresses allowed to use `/api/`: exact strings, `*`, or CIDR ranges.
     /// Empty allows every address.
     pub api_allowed_ips: Vec<String>,
+    /// Peers (addresses or CIDR ranges) whose `X-Real-IP` / `X-Forwarded-For` headers name
+    /// the client for `api_allowed_ips`. Empty (the default) believes no such header.
+    pub trusted_proxies: Vec<String>,
+    /// Timeouts and the connection cap of the HTTP listener.
+    pub http: HttpLimits,
     /// Accept API requests without a token.
     pub disable_authentication: bool,
     /// Base64 Ed25519 public key for token checks; the `JWT_PUBLIC_KEY` environment
     /// variable is used when this is unset.
     pub jwt_public_key: Option<String>,
+    /// Base64 Ed25519 private key (cc-backend's `JWT_PRIVATE_KEY` format) that signs discovery
+    /// rosters; the `JWT_PRIVATE_KEY` environment variable is used when this is unset. Without
+    /// one, rosters go out unsigned.
+    pub jwt_private_key: Option<String>,
     /// NATS connection; without it the server runs REST-only.
     pub nats: Option<NatsConfig>,
     /// The fleet service settings.
@@ -48,6 +65,30 @@ pub struct ServerConfig {
 }
 
 pub use crate::nats::NatsConfig;
+
+/// Limits of the HTTP listener (`http-header-timeout`, `http-body-timeout`,
+/// `http-max-connections`); cc-backend leaves these to Go's defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Time a client has to send a request's complete headers, counted from the
+    /// connection's start or the end of the previous response; so also the time an idle
+    /// keep-alive connection stays open.
+    pub header_timeout: Duration,
+    /// The longest pause while a request body is received; the request then fails.
+    pub body_timeout: Duration,
+    /// Connections served at once; further clients wait in the listen backlog.
+    pub max_connections: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_HTTP_BODY_TIMEOUT,
+            max_connections: DEFAULT_HTTP_MAX_CONNECTIONS,
+        }
+    }
+}
 
 /// cc-backend's `main.fleet` settings, with its defaults.
 #[derive(Debug, Clone)]
@@ -97,8 +138,14 @@ struct RawConfig {
     #[serde(default)]
     api_allowed_ips: Vec<String>,
     #[serde(default)]
+    trusted_proxies: Vec<String>,
+    http_header_timeout: Option<String>,
+    http_body_timeout: Option<String>,
+    http_max_connections: Option<i64>,
+    #[serde(default)]
     disable_authentication: bool,
     jwt_public_key: Option<String>,
+    jwt_private_key: Option<String>,
     nats: Option<NatsConfig>,
     #[serde(default)]
     fleet: RawFleet,
@@ -128,19 +175,34 @@ fn duration_or_default(key: &str, raw: Option<&str>, default: Duration) -> Durat
         Ok(d) if !d.is_zero() => d,
         Ok(_) => {
             tracing::warn!(
-                "Config: fleet.{key}: cannot parse '{raw}', using {}: must be positive",
+                "Config: {key}: cannot parse '{}', using {}: must be positive",
+                Untrusted(raw),
                 crate::duration::format(default)
             );
             default
         }
         Err(e) => {
             tracing::warn!(
-                "Config: fleet.{key}: cannot parse '{raw}', using {}: {e}",
+                "Config: {key}: cannot parse '{}', using {}: {e}",
+                Untrusted(raw),
                 crate::duration::format(default)
             );
             default
         }
     }
+}
+
+/// Whether `prefix` is literal NATS subject tokens: non-empty tokens joined by `.`, without
+/// wildcards, whitespace or control characters, and short enough to leave room in
+/// nats-server's 4 KiB control line for the bucket and type that follow.
+fn is_subject_prefix(prefix: &str) -> bool {
+    prefix.len() <= 1024
+        && prefix.split('.').all(|token| {
+            !token.is_empty()
+                && !token
+                    .chars()
+                    .any(|c| c == '*' || c == '>' || c.is_whitespace() || c.is_control())
+        })
 }
 
 impl ServerConfig {
@@ -161,20 +223,30 @@ impl ServerConfig {
                 DEFAULT_HEARTBEAT_CONCURRENCY
             }
         };
+        // Every roster subject starts with the prefix: one that is not plain subject tokens
+        // would silence (or cross-deliver) every roster, so refuse it at start-up.
+        if let Some(prefix) = f.discovery_subject_prefix.as_deref()
+            && !prefix.is_empty()
+            && !is_subject_prefix(prefix)
+        {
+            return Err(ServerError::InvalidConfig(
+                "fleet.discovery-subject-prefix must be NATS subject tokens joined by '.' (at most 1024 bytes, no empty token, wildcard, whitespace or control character)",
+            ));
+        }
         let fleet = FleetConfig {
             config_dir: f.config_dir.filter(|p| !p.as_os_str().is_empty()),
             stale_after: duration_or_default(
-                "stale-after",
+                "fleet.stale-after",
                 f.stale_after.as_deref(),
                 DEFAULT_STALE_AFTER,
             ),
             sweep_interval: duration_or_default(
-                "sweep-interval",
+                "fleet.sweep-interval",
                 f.sweep_interval.as_deref(),
                 DEFAULT_SWEEP_INTERVAL,
             ),
             config_reload_interval: duration_or_default(
-                "config-reload-interval",
+                "fleet.config-reload-interval",
                 f.config_reload_interval.as_deref(),
                 DEFAULT_CONFIG_RELOAD_INTERVAL,
             ),
@@ -185,15 +257,37 @@ impl ServerConfig {
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| crate::wire::DEFAULT_DISCOVERY_PREFIX.to_owned()),
             discovery_interval: duration_or_default(
-                "discovery-interval",
+                "fleet.discovery-interval",
                 f.discovery_interval.as_deref(),
                 DEFAULT_DISCOVERY_INTERVAL,
             ),
             discovery_debounce: duration_or_default(
-                "discovery-debounce",
+                "fleet.discovery-debounce",
                 f.discovery_debounce.as_deref(),
                 DEFAULT_DISCOVERY_DEBOUNCE,
             ),
+        };
+        let max_connections = match raw.http_max_connections {
+            None => DEFAULT_HTTP_MAX_CONNECTIONS,
+            Some(n) if n > 0 => usize::try_from(n).unwrap_or(DEFAULT_HTTP_MAX_CONNECTIONS),
+            Some(_) => {
+                return Err(ServerError::InvalidConfig(
+                    "http-max-connections must be positive",
+                ));
+            }
+        };
+        let http = HttpLimits {
+            header_timeout: duration_or_default(
+                "http-header-timeout",
+                raw.http_header_timeout.as_deref(),
+                DEFAULT_HTTP_HEADER_TIMEOUT,
+            ),
+            body_timeout: duration_or_default(
+                "http-body-timeout",
+                raw.http_body_timeout.as_deref(),
+                DEFAULT_HTTP_BODY_TIMEOUT,
+            ),
+            max_connections,
         };
         if let Some(nats) = &raw.nats
             && nats.address.is_empty()
@@ -207,8 +301,11 @@ impl ServerConfig {
                 .unwrap_or_else(|| DEFAULT_ADDR.to_owned()),
             db: raw.db.filter(|p| !p.as_os_str().is_empty()),
             api_allowed_ips: raw.api_allowed_ips,
+            trusted_proxies: raw.trusted_proxies,
+            http,
             disable_authentication: raw.disable_authentication,
             jwt_public_key: raw.jwt_public_key.filter(|s| !s.is_empty()),
+            jwt_private_key: raw.jwt_private_key.filter(|s| !s.is_empty()),
             nats: raw.nats,
             fleet,
         })
@@ -232,13 +329,34 @@ mod tests {
         assert_eq!(c.fleet.heartbeat_concurrency, 2);
         assert_eq!(c.fleet.discovery_subject_prefix, "cc.fleet.discovery");
         assert!(c.fleet.heartbeat_subject.is_none());
+        assert!(
+            c.trusted_proxies.is_empty(),
+            "no proxy is trusted by default"
+        );
+        assert_eq!(c.http, HttpLimits::default());
+    }
+
+    #[test]
+    fn parses_the_http_limits_and_trusted_proxies() {
+        let c = ServerConfig::from_json(
+            r#"{"trusted-proxies":["10.0.0.1","192.168.0.0/16"],"http-header-timeout":"250ms",
+            "http-body-timeout":"2s","http-max-connections":64}"#,
+        )
+        .unwrap();
+        assert_eq!(c.trusted_proxies, ["10.0.0.1", "192.168.0.0/16"]);
+        assert_eq!(c.http.header_timeout, Duration::from_millis(250));
+        assert_eq!(c.http.body_timeout, Duration::from_secs(2));
+        assert_eq!(c.http.max_connections, 64);
+        assert!(ServerConfig::from_json(r#"{"http-max-connections":0}"#).is_err());
+        let c = ServerConfig::from_json(r#"{"http-header-timeout":"soon"}"#).unwrap();
+        assert_eq!(c.http.header_timeout, DEFAULT_HTTP_HEADER_TIMEOUT);
     }
 
     #[test]
     fn parses_every_key() {
         let c = ServerConfig::from_json(
             r#"{"addr":"127.0.0.1:0","db":"x.sqlite","api-allowed-ips":["10.0.0.0/8"],
-            "disable-authentication":true,"jwt-public-key":"k",
+            "disable-authentication":true,"jwt-public-key":"k","jwt-private-key":"s",
             "nats":{"address":"nats://h:4222","username":"u","password":"p"},
             "fleet":{"config-dir":"cfg","stale-after":"1m30s","sweep-interval":"10s",
             "config-reload-interval":"5s","heartbeat-subject":"cc.fleet.event",
@@ -249,6 +367,7 @@ mod tests {
         assert_eq!(c.addr, "127.0.0.1:0");
         assert_eq!(c.db.as_deref(), Some(std::path::Path::new("x.sqlite")));
         assert_eq!(c.api_allowed_ips, ["10.0.0.0/8"]);
+        assert_eq!(c.jwt_private_key.as_deref(), Some("s"));
         assert_eq!(c.nats.unwrap().username, "u");
         assert_eq!(c.fleet.stale_after, Duration::from_secs(90));
         assert_eq!(c.fleet.heartbeat_concurrency, 4);
@@ -266,5 +385,22 @@ mod tests {
         assert!(ServerConfig::from_json(r#"{"bogus":1}"#).is_err());
         assert!(ServerConfig::from_json(r#"{"fleet":{"bogus":1}}"#).is_err());
         assert!(ServerConfig::from_json(r#"{"nats":{"address":""}}"#).is_err());
+    }
+
+    #[test]
+    fn a_discovery_prefix_that_is_no_literal_subject_is_refused() {
+        for prefix in ["cc.*", "cc.>", "cc..x", ".cc", "cc.", "c c", "cc\n"] {
+            let text = format!(r#"{{"fleet":{{"discovery-subject-prefix":"{prefix}"}}}}"#);
+            assert!(ServerConfig::from_json(&text).is_err(), "{prefix:?}");
+        }
+        let long = format!(
+            r#"{{"fleet":{{"discovery-subject-prefix":"{}"}}}}"#,
+            "a".repeat(1025)
+        );
+        assert!(ServerConfig::from_json(&long).is_err());
+        let c =
+            ServerConfig::from_json(r#"{"fleet":{"discovery-subject-prefix":"site-1.disc_2"}}"#)
+                .unwrap();
+        assert_eq!(c.fleet.discovery_subject_prefix, "site-1.disc_2");
     }
 }

@@ -21,6 +21,7 @@ use std::time::SystemTime;
 use serde_json::{Map, Value};
 
 use super::error::TreeError;
+use super::layer;
 use crate::wire::{Scope, ServiceType};
 
 /// One resolved configuration: the merged object and its revision.
@@ -37,7 +38,18 @@ type Layers = HashMap<String, Arc<Map<String, Value>>>;
 struct Generation {
     signature: String,
     layers: Layers,
+    /// The deepest nesting of any layer; deep layers are merged, served and dropped on a
+    /// grown stack.
+    depth: usize,
     cache: Mutex<HashMap<String, Option<Arc<Resolved>>>>,
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        // Dropping a `Value` recurses once per nesting level.
+        let layers = std::mem::take(&mut self.layers);
+        layer::with_stack_for(self.depth, move || drop(layers));
+    }
 }
 
 /// The current generation of the config tree, shared by every request.
@@ -58,7 +70,7 @@ pub enum Reload {
 impl ConfigTree {
     /// Loads the tree synchronously; an error here must stop start-up.
     pub fn load(root: &Path) -> Result<ConfigTree, TreeError> {
-        let generation = scan(root, None)?.expect("a first scan always yields a generation");
+        let generation = scan_deep(root, None)?.expect("a first scan always yields a generation");
         Ok(ConfigTree {
             root: root.to_owned(),
             current: RwLock::new(Arc::new(generation)),
@@ -73,7 +85,7 @@ impl ConfigTree {
     /// Rescans the tree; on error the previous generation stays in place.
     pub fn reload(&self) -> Result<Reload, TreeError> {
         let previous = self.snapshot().signature.clone();
-        match scan(&self.root, Some(&previous))? {
+        match scan_deep(&self.root, Some(&previous))? {
             None => Ok(Reload::Unchanged),
             Some(generation) => {
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(generation);
@@ -117,19 +129,21 @@ impl ConfigTree {
                 format!("{ty}/{hostname}.json"),
             ],
         };
-        let mut merged: Option<Map<String, Value>> = None;
-        for path in &paths {
-            if let Some(layer) = generation.layers.get(path) {
-                let base = merged.get_or_insert_with(Map::new);
-                merge_into(base, layer);
+        let resolved = layer::with_stack_for(generation.depth, || {
+            let mut merged: Option<Map<String, Value>> = None;
+            for path in &paths {
+                if let Some(layer) = generation.layers.get(path) {
+                    let base = merged.get_or_insert_with(Map::new);
+                    merge_into(base, layer);
+                }
             }
-        }
-        let resolved = merged.map(|m| {
-            let mut blob = Vec::with_capacity(256);
-            write_go_object(&mut blob, &m);
-            Arc::new(Resolved {
-                revision: revision_of(&blob),
-                blob: axum::body::Bytes::from(blob),
+            merged.map(|m| {
+                let mut blob = Vec::with_capacity(256);
+                write_go_object(&mut blob, &m);
+                Arc::new(Resolved {
+                    revision: revision_of(&blob),
+                    blob: axum::body::Bytes::from(blob),
+                })
             })
         });
         cache.insert(key, resolved.clone());
@@ -295,6 +309,12 @@ fn walk(root: &Path, dir: &Path, rel: &str, out: &mut Vec<FileStat>) -> Result<(
     Ok(())
 }
 
+/// [`scan`] on a stack deep enough for layers nested as deep as Go allows: a layer that
+/// fails to parse, or a generation that is discarded, is dropped there too.
+fn scan_deep(root: &Path, previous: Option<&str>) -> Result<Option<Generation>, TreeError> {
+    stacker::grow(layer::DEEP_STACK, || scan(root, previous))
+}
+
 /// Scans the tree. Returns `None` when the signature equals `previous`.
 fn scan(root: &Path, previous: Option<&str>) -> Result<Option<Generation>, TreeError> {
     // Files that change between the stats and the read invalidate the scan; a few retries
@@ -310,6 +330,7 @@ fn scan(root: &Path, previous: Option<&str>) -> Result<Option<Generation>, TreeE
             return Ok(None);
         }
         let mut layers = Layers::new();
+        let mut depth = 0;
         let mut changed = false;
         for f in &files {
             let data = std::fs::read(&f.path).map_err(|source| TreeError::Io {
@@ -320,17 +341,19 @@ fn scan(root: &Path, previous: Option<&str>) -> Result<Option<Generation>, TreeE
                 changed = true;
                 break;
             }
-            let layer: Map<String, Value> =
-                serde_json::from_slice(&data).map_err(|source| TreeError::Invalid {
-                    path: f.rel.clone(),
-                    source,
-                })?;
-            layers.insert(f.rel.clone(), Arc::new(layer));
+            // As cc-backend reads layers: Go's decoder, not serde_json's (see `layer`).
+            let parsed = layer::parse(&data).map_err(|source| TreeError::Invalid {
+                path: f.rel.clone(),
+                source,
+            })?;
+            depth = depth.max(parsed.depth);
+            layers.insert(f.rel.clone(), Arc::new(parsed.map));
         }
         if !changed {
             return Ok(Some(Generation {
                 signature,
                 layers,
+                depth,
                 cache: Mutex::new(HashMap::new()),
             }));
         }

@@ -16,6 +16,9 @@ pub enum ServerError {
     /// An `api-allowed-ips` entry with a `/` that is not a CIDR range.
     #[error("server config: api-allowed-ips entry {0:?} is not a valid CIDR range")]
     InvalidAllowlist(String),
+    /// A `trusted-proxies` entry that is neither an address nor a CIDR range.
+    #[error("server config: trusted-proxies entry {0:?} is not an IP address or CIDR range")]
+    InvalidTrustedProxy(String),
     /// Neither `jwt-public-key` nor `JWT_PUBLIC_KEY` is set and authentication is enabled.
     #[error(
         "no JWT public key: set jwt-public-key or JWT_PUBLIC_KEY, or \"disable-authentication\": true"
@@ -24,6 +27,10 @@ pub enum ServerError {
     /// The configured public key cannot be used.
     #[error("JWT public key: {0}")]
     Key(#[source] AuthError),
+    /// The configured private key (which signs rosters) cannot be used, or does not belong
+    /// to the configured public key.
+    #[error("JWT private key (signs discovery rosters): {0}")]
+    PrivateKey(#[source] AuthError),
     /// The config tree cannot be loaded at start-up.
     #[error(transparent)]
     ConfigTree(#[from] TreeError),
@@ -111,16 +118,66 @@ pub enum TreeError {
     Interrupted,
 }
 
-/// Errors of the SQLite registry.
-#[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
-    /// SQLite reported an error.
-    #[error("fleet registry: {0}")]
-    Sqlite(#[from] rusqlite::Error),
-    /// The database holds a value the schema forbids.
-    #[error("fleet registry: corrupt row: {0}")]
-    Corrupt(&'static str),
-    /// The database task was cancelled or panicked.
-    #[error("fleet registry: database task did not finish")]
+/// What kind of registry failure happened, to match on; the details are in the message
+/// and the source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RegistryErrorKind {
+    /// The store cannot take or serve the request now (disk full, I/O error, read-only,
+    /// locked, unreachable); retrying later may succeed.
+    Unavailable,
+    /// The store refused a change that conflicts with what it holds.
+    Conflict,
+    /// The store holds data the registry cannot read, or that disagrees with its index.
+    Corrupt,
+    /// The store task was cancelled or panicked.
     Interrupted,
+}
+
+/// An error of the registry or its store: a [kind](RegistryError::kind) to match on, a
+/// message, and the store's own error as the source.
+#[derive(Debug, thiserror::Error)]
+#[error("fleet registry: {message}")]
+pub struct RegistryError {
+    kind: RegistryErrorKind,
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl RegistryError {
+    /// An error without a source.
+    pub fn new(kind: RegistryErrorKind, message: impl Into<String>) -> RegistryError {
+        RegistryError {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An error caused by a store's own error `source`.
+    pub fn with_source(
+        kind: RegistryErrorKind,
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> RegistryError {
+        RegistryError {
+            kind,
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// The store task did not finish.
+    pub(crate) fn interrupted() -> RegistryError {
+        RegistryError::new(
+            RegistryErrorKind::Interrupted,
+            "database task did not finish",
+        )
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> RegistryErrorKind {
+        self.kind
+    }
 }

@@ -12,12 +12,19 @@
 //! messages at the subscription and reports them, which is counted as `dropped`.
 //! Subscriptions are re-established by async-nats after a reconnect, so the consumer
 //! outlives nats-server restarts.
+//!
+//! Defence in depth: a panic while decoding one message, or while applying one batch, is
+//! caught, counted (`ccfleet_message_panics_total{source="nats"}`) and logged (the first one
+//! in full, later ones in the periodic summary); the stage goes on with the next message, so
+//! a decoder bug triggered by one message cannot silently stop every later heartbeat.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -26,6 +33,7 @@ use super::metrics::Metrics;
 use super::registry::{Registry, parse_instance_id, unix_seconds};
 use super::roster::RosterNotify;
 use super::stopped;
+use crate::untrusted::Untrusted;
 use crate::wire::{HeartbeatLine, scan_heartbeats};
 
 /// The queue group shared by every fleet server, so several servers split the load.
@@ -64,6 +72,21 @@ pub(crate) async fn spawn(
     workers: usize,
     ctx: ConsumerContext,
 ) -> Result<JoinHandle<()>, ServerError> {
+    spawn_with(client, subject, workers, ctx, decode_message).await
+}
+
+/// [`spawn`] with the per-message decoder given: the pipeline around it, panic isolation
+/// included, is the production one.
+async fn spawn_with<D>(
+    client: &async_nats::Client,
+    subject: &str,
+    workers: usize,
+    ctx: ConsumerContext,
+    decode: D,
+) -> Result<JoinHandle<()>, ServerError>
+where
+    D: Fn(&[u8], &Metrics) -> Vec<u128> + Clone + Send + Sync + 'static,
+{
     let subscriber = client
         .queue_subscribe(subject.to_owned(), QUEUE_GROUP.to_owned())
         .await
@@ -73,6 +96,7 @@ pub(crate) async fn spawn(
          restrict publish permissions on it: a heartbeat keeps any known instance active"
     );
 
+    let panics = PanicLog::default();
     let (flush_tx, flush_rx) = mpsc::channel::<Beats>(FLUSH_QUEUE);
     let mut decoder_txs = Vec::with_capacity(workers);
     let mut decoders = Vec::with_capacity(workers);
@@ -83,6 +107,8 @@ pub(crate) async fn spawn(
             rx,
             flush_tx.clone(),
             ctx.metrics.clone(),
+            panics.clone(),
+            decode.clone(),
         )));
     }
     drop(flush_tx);
@@ -91,6 +117,7 @@ pub(crate) async fn spawn(
         ctx.registry,
         ctx.metrics.clone(),
         ctx.roster,
+        panics,
     ));
     let reader = tokio::spawn(read_loop(
         subscriber,
@@ -143,44 +170,90 @@ async fn read_loop(
     }
 }
 
-async fn decode_loop(
+/// Logs the first caught panic in full; later ones are counted and summarised, so a message
+/// that panics repeatedly cannot flood the log.
+#[derive(Clone, Default)]
+struct PanicLog(Arc<AtomicBool>);
+
+impl PanicLog {
+    fn caught(&self, metrics: &Metrics, what: &str, panic: &(dyn std::any::Any + Send)) {
+        Metrics::add(&metrics.nats_message_panics, 1);
+        let message = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        if !self.0.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                "NATS fleet: BUG: {what} panicked: {}; skipped it and carrying on (further panics are \
+                 counted in ccfleet_message_panics_total and summarised)",
+                Untrusted(message)
+            );
+        } else {
+            tracing::debug!("NATS fleet: {what} panicked: {}", Untrusted(message));
+        }
+    }
+}
+
+/// Decodes one message the way cc-backend does, counts its lines by outcome and returns the
+/// ids of its accepted heartbeats.
+fn decode_message(payload: &[u8], metrics: &Metrics) -> Vec<u128> {
+    let started = Instant::now();
+    let mut ids = Vec::new();
+    let (mut malformed, mut rejected, mut ignored) = (0u64, 0u64, 0u64);
+    let result = scan_heartbeats(payload, |line| match line {
+        HeartbeatLine::Accepted(id) => match parse_instance_id(id) {
+            Some(id) => ids.push(id),
+            // Well-formed heartbeats for ids that cannot exist: unknown, not rejected.
+            None => malformed += 1,
+        },
+        HeartbeatLine::Ignored(reason) => {
+            tracing::debug!("NATS fleet: skipping line: {reason:?}");
+            ignored += 1;
+        }
+        HeartbeatLine::Rejected(e) => {
+            tracing::debug!("NATS fleet: rejected heartbeat: {e}");
+            rejected += 1;
+        }
+    });
+    if let Err(e) = result {
+        // As in cc-backend, a decode error abandons the rest of the message.
+        tracing::debug!("NATS fleet: undecodable heartbeat message: {e}");
+        rejected += 1;
+    }
+    Metrics::add(
+        &metrics.decode_nanos,
+        u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+    );
+    Metrics::add(&metrics.heartbeats_accepted, ids.len() as u64 + malformed);
+    Metrics::add(&metrics.heartbeats_unknown, malformed);
+    Metrics::add(&metrics.heartbeats_rejected, rejected);
+    Metrics::add(&metrics.heartbeats_ignored, ignored);
+    ids
+}
+
+async fn decode_loop<D>(
     mut rx: mpsc::Receiver<async_nats::Message>,
     flush: mpsc::Sender<Beats>,
     metrics: Arc<Metrics>,
-) {
+    panics: PanicLog,
+    decode: D,
+) where
+    D: Fn(&[u8], &Metrics) -> Vec<u128>,
+{
     while let Some(message) = rx.recv().await {
-        let started = Instant::now();
         let at = unix_seconds();
-        let mut ids = Vec::new();
-        let (mut malformed, mut rejected, mut ignored) = (0u64, 0u64, 0u64);
-        let result = scan_heartbeats(&message.payload, |line| match line {
-            HeartbeatLine::Accepted(id) => match parse_instance_id(id) {
-                Some(id) => ids.push(id),
-                // Well-formed heartbeats for ids that cannot exist: unknown, not rejected.
-                None => malformed += 1,
-            },
-            HeartbeatLine::Ignored(reason) => {
-                tracing::debug!("NATS fleet: skipping line: {reason:?}");
-                ignored += 1;
-            }
-            HeartbeatLine::Rejected(e) => {
-                tracing::debug!("NATS fleet: rejected heartbeat: {e}");
-                rejected += 1;
-            }
-        });
-        if let Err(e) = result {
-            // As in cc-backend, a decode error abandons the rest of the message.
-            tracing::debug!("NATS fleet: undecodable heartbeat message: {e}");
-            rejected += 1;
-        }
-        Metrics::add(
-            &metrics.decode_nanos,
-            u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
-        );
-        Metrics::add(&metrics.heartbeats_accepted, ids.len() as u64 + malformed);
-        Metrics::add(&metrics.heartbeats_unknown, malformed);
-        Metrics::add(&metrics.heartbeats_rejected, rejected);
-        Metrics::add(&metrics.heartbeats_ignored, ignored);
+        // Only this message's own state is inside the closure, so nothing half-updated
+        // survives an unwind.
+        let ids =
+            match std::panic::catch_unwind(AssertUnwindSafe(|| decode(&message.payload, &metrics)))
+            {
+                Ok(ids) => ids,
+                Err(panic) => {
+                    panics.caught(&metrics, "decoding a heartbeat message", &*panic);
+                    continue;
+                }
+            };
         if !ids.is_empty() && flush.send(Beats { ids, at }).await.is_err() {
             return;
         }
@@ -192,7 +265,20 @@ async fn flush_loop(
     registry: Registry,
     metrics: Arc<Metrics>,
     roster: RosterNotify,
+    panics: PanicLog,
 ) {
+    // A panic while applying one batch loses that batch (logged), never the stage.
+    let apply = async |pending: &mut HashMap<u128, (i64, u64)>| {
+        let lost: u64 = pending.values().map(|(_, n)| n).sum();
+        let applied = AssertUnwindSafe(flush(pending, &registry, &metrics, &roster))
+            .catch_unwind()
+            .await;
+        if let Err(panic) = applied {
+            pending.clear();
+            panics.caught(&metrics, "applying heartbeats", &*panic);
+            tracing::error!("NATS fleet: {lost} heartbeat(s) lost to the panic");
+        }
+    };
     let mut pending: HashMap<u128, (i64, u64)> = HashMap::with_capacity(MAX_BATCH * 2);
     let mut flush_tick = tokio::time::interval(FLUSH_INTERVAL);
     flush_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -214,21 +300,25 @@ async fn flush_loop(
                         }
                     }
                     if pending.len() >= MAX_BATCH {
-                        flush(&mut pending, &registry, &metrics, &roster).await;
+                        apply(&mut pending).await;
                     }
                 }
                 None => {
-                    flush(&mut pending, &registry, &metrics, &roster).await;
+                    apply(&mut pending).await;
                     return;
                 }
             },
-            _ = flush_tick.tick() => flush(&mut pending, &registry, &metrics, &roster).await,
+            _ = flush_tick.tick() => apply(&mut pending).await,
             _ = report_tick.tick() => {
                 let now = metrics.heartbeat_stats();
                 let period = crate::duration::format(REPORT_INTERVAL);
                 let unknown = now.unknown - reported.unknown;
                 let rejected = now.rejected - reported.rejected;
                 let dropped = now.dropped - reported.dropped;
+                let panicked = now.panics - reported.panics;
+                if panicked > 0 {
+                    tracing::error!("NATS fleet: {panicked} message(s) or batch(es) panicked in the last {period} and were skipped (a bug: please report it)");
+                }
                 if unknown > 0 {
                     tracing::warn!("NATS fleet: {unknown} heartbeat(s) for unknown or deregistered instance ids in the last {period}");
                 }
@@ -287,5 +377,102 @@ async fn flush(
             let lost: u64 = counts.iter().sum();
             tracing::error!("NATS fleet: applying {lost} heartbeat(s) failed: {e}");
         }
+    }
+}
+
+// The integration tests' real nats-server (a path inside `mod tests` would resolve below a
+// `heartbeats/` directory that does not exist).
+#[cfg(test)]
+#[path = "../../tests/support/nats.rs"]
+mod test_nats;
+#[cfg(test)]
+#[path = "../../tests/support/wait.rs"]
+mod test_wait;
+
+#[cfg(test)]
+mod tests {
+    use super::test_nats as nats;
+    use super::test_wait as wait;
+    use super::*;
+    use crate::server::registry::{Registration, State};
+    use crate::wire::{Scope, ServiceType, encode_heartbeat, now_ns};
+
+    const SUBJECT: &str = "cc.fleet.event";
+    /// A message the test's decoder panics on, standing in for any decoder bug.
+    const POISON: &[u8] = b"poison";
+
+    async fn register(registry: &Registry, host: &str) -> String {
+        registry
+            .register(Registration {
+                scope: Scope::Infra,
+                cluster: String::new(),
+                hostname: host.to_owned(),
+                service_type: ServiceType::MetricStore,
+                meta: Default::default(),
+            })
+            .await
+            .unwrap()
+            .instance_id
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_that_panics_the_decoder_is_skipped_and_later_heartbeats_are_applied() {
+        let server = nats::NatsServer::start();
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let registry = Registry::open(None).unwrap();
+        let (first, second) = (
+            register(&registry, "m1").await,
+            register(&registry, "m2").await,
+        );
+        let metrics = Arc::new(Metrics::default());
+        let (stop, shutdown) = watch::channel(false);
+        // One decoder, so a decoder that died with the first poison message could not hide
+        // behind another one.
+        let pipeline = spawn_with(
+            &client,
+            SUBJECT,
+            1,
+            ConsumerContext {
+                registry: registry.clone(),
+                metrics: metrics.clone(),
+                roster: RosterNotify::default(),
+                shutdown,
+            },
+            |payload: &[u8], metrics: &Metrics| {
+                assert_ne!(payload, POISON, "a decoder bug");
+                decode_message(payload, metrics)
+            },
+        )
+        .await
+        .unwrap();
+        client.flush().await.unwrap();
+
+        let publisher = async_nats::connect(server.url()).await.unwrap();
+        for payload in [
+            POISON.to_vec(),
+            encode_heartbeat(now_ns(), &[first.as_str()]).unwrap(),
+            POISON.to_vec(),
+            encode_heartbeat(now_ns(), &[second.as_str()]).unwrap(),
+        ] {
+            publisher.publish(SUBJECT, payload.into()).await.unwrap();
+        }
+        publisher.flush().await.unwrap();
+
+        wait::eventually(
+            "the heartbeats after the panics applied",
+            Duration::from_secs(10),
+            || async {
+                [&first, &second]
+                    .iter()
+                    .all(|id| registry.lookup(id).unwrap().state == State::Active)
+            },
+        )
+        .await;
+        let stats = metrics.heartbeat_stats();
+        assert_eq!(stats.panics, 2, "{stats:?}");
+        assert_eq!(stats.messages, 4, "{stats:?}");
+        assert_eq!(stats.applied, 2, "{stats:?}");
+        let _ = stop.send(true);
+        pipeline.await.unwrap();
     }
 }

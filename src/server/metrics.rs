@@ -1,6 +1,8 @@
 //! Counters of the server and their Prometheus text exposition (`GET /metrics`).
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::registry::{State, StateCounts};
@@ -30,10 +32,24 @@ pub struct Metrics {
     pub roster_publishes: AtomicU64,
     /// Rosters that could not be published.
     pub roster_errors: AtomicU64,
+    /// Rosters that could not be published, by subject (only subjects the publisher built,
+    /// so bounded by the valid buckets).
+    roster_subject_errors: Mutex<BTreeMap<String, u64>>,
+    /// Active services the last roster round left out because their cluster cannot name a
+    /// subject token (a gauge).
+    pub roster_skipped_services: AtomicU64,
+    /// NATS heartbeat messages whose handling panicked; the pipeline went on with the next.
+    pub nats_message_panics: AtomicU64,
     /// Config tree generations loaded.
     pub config_reloads: AtomicU64,
     /// Config tree reloads that failed and kept the previous generation.
     pub config_reload_errors: AtomicU64,
+    /// HTTP requests whose handling panicked (answered 500).
+    pub http_panics: AtomicU64,
+    /// HTTP connections closed because a request's headers did not arrive in time.
+    pub http_header_timeouts: AtomicU64,
+    /// HTTP connections open now (a gauge).
+    pub http_connections: AtomicU64,
 }
 
 /// A consistent-enough copy of the heartbeat counters.
@@ -55,6 +71,8 @@ pub struct HeartbeatStats {
     pub ignored: u64,
     /// Nanoseconds spent decoding.
     pub decode_nanos: u64,
+    /// Messages (or batches) whose handling panicked and was skipped.
+    pub panics: u64,
 }
 
 fn get(c: &AtomicU64) -> u64 {
@@ -69,6 +87,35 @@ impl Metrics {
         }
     }
 
+    /// Counts a roster for `subject` that was not published.
+    pub fn roster_subject_error(&self, subject: &str) {
+        Metrics::add(&self.roster_errors, 1);
+        let mut map = self
+            .roster_subject_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match map.get_mut(subject) {
+            Some(n) => *n += 1,
+            None => {
+                map.insert(subject.to_owned(), 1);
+            }
+        }
+    }
+
+    /// Unpublished rosters of `subject` so far.
+    pub fn roster_errors_of(&self, subject: &str) -> u64 {
+        self.roster_subject_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(subject)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub(crate) fn set_roster_skipped(&self, n: u64) {
+        self.roster_skipped_services.store(n, Ordering::Relaxed);
+    }
+
     /// The heartbeat counters.
     pub fn heartbeat_stats(&self) -> HeartbeatStats {
         HeartbeatStats {
@@ -80,6 +127,7 @@ impl Metrics {
             dropped: get(&self.heartbeats_dropped),
             ignored: get(&self.heartbeats_ignored),
             decode_nanos: get(&self.decode_nanos),
+            panics: get(&self.nats_message_panics),
         }
     }
 
@@ -148,8 +196,55 @@ impl Metrics {
             get(&self.config_reloads),
             get(&self.config_reload_errors),
         );
+        let _ = write!(
+            out,
+            "# HELP ccfleet_http_header_timeouts_total HTTP connections closed because request headers did not arrive in time.\n\
+             # TYPE ccfleet_http_header_timeouts_total counter\n\
+             ccfleet_http_header_timeouts_total {}\n\
+             # HELP ccfleet_http_connections HTTP connections open.\n\
+             # TYPE ccfleet_http_connections gauge\n\
+             ccfleet_http_connections {}\n",
+            get(&self.http_header_timeouts),
+            get(&self.http_connections),
+        );
+        out.push_str(
+            "# HELP ccfleet_roster_subject_errors_total Discovery rosters not published, by subject.\n\
+             # TYPE ccfleet_roster_subject_errors_total counter\n",
+        );
+        for (subject, n) in self
+            .roster_subject_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "ccfleet_roster_subject_errors_total{{subject=\"{}\"}} {n}",
+                label_value(subject)
+            );
+        }
+        let _ = write!(
+            out,
+            "# HELP ccfleet_roster_skipped_services Active services left out of every roster: their cluster cannot name a NATS subject token.\n\
+             # TYPE ccfleet_roster_skipped_services gauge\n\
+             ccfleet_roster_skipped_services {}\n\
+             # HELP ccfleet_message_panics_total Messages whose handling panicked; the pipeline went on with the next.\n\
+             # TYPE ccfleet_message_panics_total counter\n\
+             ccfleet_message_panics_total{{source=\"nats\"}} {}\n\
+             ccfleet_message_panics_total{{source=\"http\"}} {}\n",
+            get(&self.roster_skipped_services),
+            get(&self.nats_message_panics),
+            get(&self.http_panics),
+        );
         out
     }
+}
+
+/// Escapes a Prometheus label value (backslash, quote, newline).
+fn label_value(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -169,6 +264,18 @@ mod tests {
         assert!(text.contains("ccfleet_instances{state=\"pending\"} 0\n"));
         assert!(text.contains("ccfleet_heartbeats_total{source=\"nats\",result=\"applied\"} 5\n"));
         assert!(text.contains("ccfleet_heartbeat_decode_seconds_total 1.5\n"));
+        m.roster_subject_error("cc.fleet.discovery.fritz.ccmc");
+        m.roster_subject_error("cc.fleet.discovery.fritz.ccmc");
+        m.roster_subject_error("odd\"subject");
+        let text = m.render(&StateCounts::default());
+        assert!(text.contains(
+            "ccfleet_roster_subject_errors_total{subject=\"cc.fleet.discovery.fritz.ccmc\"} 2\n"
+        ));
+        assert!(
+            text.contains("ccfleet_roster_subject_errors_total{subject=\"odd\\\"subject\"} 1\n")
+        );
+        assert!(text.contains("ccfleet_roster_publish_errors_total 3\n"));
+        assert!(text.contains("ccfleet_message_panics_total{source=\"nats\"} 0\n"));
         assert!(
             text.lines()
                 .all(|l| l.starts_with('#') || l.split(' ').count() == 2)

@@ -3,8 +3,8 @@
 //! Members register over REST, pull their merged configuration from an authored config
 //! tree (with ETags), heartbeat over NATS or REST and deregister; the server keeps them in a
 //! SQLite registry, marks silent ones stale and publishes discovery rosters over NATS.
-//! The behaviour follows cc-backend's fleet service (`../shared/reference/clustercockpit.md`,
-//! section 2), so cc-lib's Go client and ccfleet's client work against either.
+//! The behaviour follows cc-backend's fleet service, so cc-lib's Go client and ccfleet's
+//! client work against either.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ccfleet::server::ServerError> {
@@ -23,8 +23,12 @@ pub mod auth;
 pub mod config;
 pub mod configtree;
 mod error;
+mod health;
 mod heartbeats;
+mod http;
+mod layer;
 pub mod metrics;
+pub mod names;
 pub mod registry;
 pub mod roster;
 
@@ -35,12 +39,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use config::{FleetConfig, NatsConfig, ServerConfig};
-pub use error::{AuthError, RegistryError, ServerError, TreeError};
+pub use config::{FleetConfig, HttpLimits, NatsConfig, ServerConfig};
+pub use error::{AuthError, RegistryError, RegistryErrorKind, ServerError, TreeError};
 pub use heartbeats::QUEUE_GROUP;
 pub use metrics::HeartbeatStats;
 
-use allowlist::Allowlist;
+use allowlist::{Allowlist, TrustedProxies};
 use configtree::{ConfigTree, Reload};
 use metrics::Metrics;
 use registry::Registry;
@@ -92,6 +96,7 @@ async fn blocking<R: Send + 'static>(
 async fn connect_nats(
     config: &NatsConfig,
     metrics: Arc<Metrics>,
+    roster: RosterNotify,
 ) -> Result<async_nats::Client, ServerError> {
     config
         .connect_options("ccfleet-server")
@@ -100,6 +105,7 @@ async fn connect_nats(
         .subscription_capacity(SUBSCRIPTION_CAPACITY)
         .event_callback(move |event| {
             let metrics = metrics.clone();
+            let roster = roster.clone();
             async move {
                 match event {
                     async_nats::Event::SlowConsumer(_) => {
@@ -108,7 +114,12 @@ async fn connect_nats(
                     async_nats::Event::Disconnected => {
                         tracing::warn!("NATS: disconnected, reconnecting");
                     }
-                    async_nats::Event::Connected => tracing::info!("NATS: connected"),
+                    async_nats::Event::Connected => {
+                        tracing::info!("NATS: connected");
+                        // Core NATS kept nothing for consumers while we were away: send
+                        // current rosters now instead of at the next interval.
+                        roster.notify();
+                    }
                     other => tracing::warn!("NATS: {other}"),
                 }
             }
@@ -186,10 +197,40 @@ fn spawn_reloader(
     })
 }
 
+/// The key pair that signs rosters: `jwt-private-key`, else `JWT_PRIVATE_KEY`, else none.
+/// A key that is not the private half of the configured public key is refused: agents
+/// configured with the public key would reject every roster.
+fn roster_signer(config: &ServerConfig) -> Result<Option<Arc<auth::Keypair>>, ServerError> {
+    let Some(key) = config
+        .jwt_private_key
+        .clone()
+        .or_else(|| std::env::var("JWT_PRIVATE_KEY").ok())
+        .filter(|k| !k.trim().is_empty())
+    else {
+        return Ok(None);
+    };
+    let keypair = auth::Keypair::from_private_base64(&key).map_err(ServerError::PrivateKey)?;
+    if let Some(public) = config
+        .jwt_public_key
+        .clone()
+        .or_else(|| std::env::var("JWT_PUBLIC_KEY").ok())
+        .filter(|k| !k.trim().is_empty())
+        && public.trim() != keypair.public_key_base64()
+    {
+        return Err(ServerError::InvalidConfig(
+            "jwt-private-key is not the private half of jwt-public-key",
+        ));
+    }
+    Ok(Some(Arc::new(keypair)))
+}
+
 /// Starts the server: loads the config tree, opens the registry, connects NATS (if
 /// configured), binds the HTTP listener and starts the background loops.
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
-    let allowlist = Arc::new(Allowlist::new(&config.api_allowed_ips)?);
+    let allowlist = Arc::new(
+        Allowlist::new(&config.api_allowed_ips)?
+            .with_trusted_proxies(TrustedProxies::new(&config.trusted_proxies)?),
+    );
     let verifier = if config.disable_authentication {
         tracing::warn!(
             "fleet: authentication is disabled; anyone allowed by api-allowed-ips can register, heartbeat and deregister"
@@ -204,6 +245,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             .ok_or(ServerError::NoPublicKey)?;
         Some(auth::Verifier::from_public_base64(&key).map_err(ServerError::Key)?)
     };
+    let signer = roster_signer(&config)?;
     let fleet = &config.fleet;
 
     let tree = match fleet.config_dir.clone() {
@@ -241,7 +283,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let mut tasks = Vec::new();
 
     let nats = match &config.nats {
-        Some(nats) => Some(connect_nats(nats, metrics.clone()).await?),
+        Some(nats) => Some(connect_nats(nats, metrics.clone(), roster_notify.clone()).await?),
         None => None,
     };
     let consumer = match (&nats, &fleet.heartbeat_subject) {
@@ -288,6 +330,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
                 prefix: fleet.discovery_subject_prefix.clone(),
                 interval: fleet.discovery_interval,
                 debounce: fleet.discovery_debounce,
+                signer,
             },
             shutdown_rx.clone(),
         )),
@@ -320,18 +363,16 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         allowlist,
         metrics: metrics.clone(),
         roster: roster_notify,
+        health: health::Health::new(registry.clone(), nats.clone()),
     });
-    let mut http_shutdown = shutdown_rx.clone();
-    let http = tokio::spawn(
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
-            stopped(&mut http_shutdown).await;
-        })
-        .into_future(),
-    );
+    let app = http::harden(app, &config.http, metrics.clone());
+    let http = tokio::spawn(http::serve(
+        listener,
+        app,
+        config.http,
+        metrics.clone(),
+        shutdown_rx.clone(),
+    ));
     tracing::info!(
         "fleet: initialized (config-dir '{}', stale-after {}, sweep {}, reload {}, discovery {})",
         fleet
@@ -393,8 +434,8 @@ impl RunningServer {
     pub async fn shutdown(mut self) -> Result<(), ServerError> {
         let _ = self.shutdown.send(true);
         let mut result = Ok(());
-        if let Some(http) = self.http.take() {
-            match tokio::time::timeout(SHUTDOWN_GRACE, http).await {
+        if let Some(mut http) = self.http.take() {
+            match tokio::time::timeout(SHUTDOWN_GRACE, &mut http).await {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(source))) => {
                     result = Err(ServerError::Http {
@@ -403,9 +444,13 @@ impl RunningServer {
                     });
                 }
                 Ok(Err(e)) => result = Err(ServerError::Task(e.to_string())),
-                Err(_) => tracing::warn!(
-                    "fleet: HTTP connections still open after the grace period; closing them"
-                ),
+                Err(_) => {
+                    tracing::warn!(
+                        "fleet: HTTP connections still open after the grace period; closing them"
+                    );
+                    // Aborting the server task drops the connections it owns.
+                    http.abort();
+                }
             }
         }
         if let Some(consumer) = self.consumer.take()

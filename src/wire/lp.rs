@@ -1,13 +1,16 @@
 //! The line writer cc-lib's `ccMessage.ToLineProtocol` uses for fleet events
 //! (influxdb-client-go's `write.PointToLineProtocol`): tags in key order, escapes for
-//! measurement and keys, string fields with `\` and `"` escaped, nanosecond time, `\n`.
+//! measurement and keys (a tab, CR or LF in a name or tag becomes two backslashes and `t`,
+//! `r` or `n`), string fields with `\` and `"` escaped, nanosecond time, `\n`.
 
 fn escape_name(s: &str, out: &mut Vec<u8>, is_special: impl Fn(u8) -> bool) {
     for &b in s.as_bytes() {
         match b {
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
+            // Go writes these as two backslashes and a letter, which a decoder reads back
+            // literally (a backslash is not an escape in names and tags).
+            b'\n' => out.extend_from_slice(br"\\n"),
+            b'\r' => out.extend_from_slice(br"\\r"),
+            b'\t' => out.extend_from_slice(br"\\t"),
             _ if is_special(b) => {
                 out.push(b'\\');
                 out.push(b);
@@ -49,4 +52,17 @@ pub(crate) fn write_event_line(
     out.extend_from_slice(b"\" ");
     out.extend_from_slice(itoa::Buffer::new().format(time_ns).as_bytes());
     out.push(b'\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tab_cr_or_lf_in_a_tag_is_written_as_two_backslashes_and_a_letter() {
+        let mut out = Vec::new();
+        write_event_line(&mut out, "m\tx", &[("k\n", "a\tb\rc\nd e")], b"{}", 7);
+        let want = concat!(r#"m\\tx,k\\n=a\\tb\\rc\\nd\ e event="{}" 7"#, "\n");
+        assert_eq!(out, want.as_bytes());
+    }
 }

@@ -25,8 +25,11 @@ pub use heartbeat::{
     HEARTBEAT_MAX_LINE_LEN, HeartbeatLine, IgnoreReason, decode_heartbeats, encode_heartbeat,
     encode_heartbeat_into, parse_heartbeat, scan_heartbeats,
 };
-pub use roster::{decode_roster, encode_roster};
-pub use service_type::{Scope, ServiceType};
+pub use roster::{
+    MAX_SUBJECT_TOKEN_LEN, ROSTER_SIGNATURE_HEADER, decode_roster, decode_roster_timed,
+    encode_roster, roster_signing_input, subject_token_problem,
+};
+pub use service_type::{ProviderType, Scope, ServiceType};
 pub use types::{Provider, RegisterRequest, RegisterResponse};
 
 /// Measurement of heartbeat messages.

@@ -94,6 +94,122 @@ impl<'de> Deserialize<'de> for ServiceType {
     }
 }
 
+/// The type of a provider in a discovery roster: one of the known [`ServiceType`]s, or a type
+/// this version does not know yet, kept as its string.
+///
+/// Registration stays strict (a [`ServiceType`]), but a roster from a newer cc-backend may
+/// list provider types an older agent has never heard of. Go's client keeps such entries, and
+/// so does this one: rejecting the whole roster would blind the agent to every provider it
+/// does know. Unknown types compare unequal to every [`ServiceType`] and round-trip
+/// byte for byte.
+///
+/// ```
+/// use ccfleet::wire::{ProviderType, ServiceType};
+///
+/// let known = ProviderType::from("ccb");
+/// assert_eq!(known, ServiceType::Backend);
+/// assert_eq!(known.known(), Some(ServiceType::Backend));
+/// let newer = ProviderType::from("ccxy");
+/// assert_eq!(newer.known(), None);
+/// assert_eq!(newer.code(), "ccxy");
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ProviderType(ProviderRepr);
+
+// Private so that `Other` never holds the code of a known type: equality and hashing rely on
+// every code having exactly one representation.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum ProviderRepr {
+    Known(ServiceType),
+    Other(Box<str>),
+}
+
+impl ProviderType {
+    /// The known service type, or `None` for a type this version does not know.
+    pub fn known(&self) -> Option<ServiceType> {
+        match &self.0 {
+            ProviderRepr::Known(t) => Some(*t),
+            ProviderRepr::Other(_) => None,
+        }
+    }
+
+    /// The type's code as it appears on the wire (`ccb`, or whatever a newer server sent).
+    pub fn code(&self) -> &str {
+        match &self.0 {
+            ProviderRepr::Known(t) => t.code(),
+            ProviderRepr::Other(s) => s,
+        }
+    }
+}
+
+impl From<ServiceType> for ProviderType {
+    fn from(t: ServiceType) -> Self {
+        ProviderType(ProviderRepr::Known(t))
+    }
+}
+
+impl From<&str> for ProviderType {
+    fn from(s: &str) -> Self {
+        match s.parse::<ServiceType>() {
+            Ok(t) => t.into(),
+            Err(_) => ProviderType(ProviderRepr::Other(s.into())),
+        }
+    }
+}
+
+impl PartialEq<ServiceType> for ProviderType {
+    fn eq(&self, other: &ServiceType) -> bool {
+        self.known() == Some(*other)
+    }
+}
+
+impl PartialEq<ProviderType> for ServiceType {
+    fn eq(&self, other: &ProviderType) -> bool {
+        other == self
+    }
+}
+
+impl PartialOrd for ProviderType {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ProviderType {
+    /// By code, which is unique per type.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.code().cmp(other.code())
+    }
+}
+
+impl fmt::Debug for ProviderType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            ProviderRepr::Known(t) => fmt::Debug::fmt(t, f),
+            ProviderRepr::Other(s) => f.debug_tuple("Other").field(s).finish(),
+        }
+    }
+}
+
+impl fmt::Display for ProviderType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+impl Serialize for ProviderType {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.code())
+    }
+}
+
+impl<'de> Deserialize<'de> for ProviderType {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let code = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Ok(ProviderType::from(code.as_ref()))
+    }
+}
+
 /// Whether a service belongs to a cluster or to the site's infrastructure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -165,5 +281,25 @@ mod tests {
             "\"ccb\""
         );
         assert!(serde_json::from_str::<ServiceType>("\"zzz\"").is_err());
+    }
+
+    #[test]
+    fn a_provider_type_keeps_unknown_codes_and_normalizes_known_ones() {
+        for t in ServiceType::ALL {
+            let p = ProviderType::from(t.code());
+            assert_eq!(p, ProviderType::from(t));
+            assert_eq!(p, t);
+            assert_eq!(t, p);
+        }
+        let newer: ProviderType = serde_json::from_str("\"cc-quantum\"").unwrap();
+        assert_eq!(newer.known(), None);
+        assert_eq!(newer.code(), "cc-quantum");
+        assert_eq!(serde_json::to_string(&newer).unwrap(), "\"cc-quantum\"");
+        assert!(ServiceType::ALL.iter().all(|t| newer != *t));
+        assert_ne!(newer, ProviderType::from("cc-other"));
+        // Go accepts any string, the empty one included.
+        let empty: ProviderType = serde_json::from_str("\"\"").unwrap();
+        assert_eq!(empty.code(), "");
+        assert!(ProviderType::from("ccb") < ProviderType::from("ccmc"));
     }
 }

@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::ServiceType;
+use super::{ProviderType, ServiceType};
 
 /// The body of `POST /api/fleet/register/{cluster|infra}/`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,9 +40,10 @@ pub struct RegisterResponse {
 /// One entry of a discovery roster: a service another service depends on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Provider {
-    /// The provider's service type.
+    /// The provider's service type; a type unknown to this version is kept as its string,
+    /// so a newer cc-backend's rosters still reach older agents whole.
     #[serde(rename = "type")]
-    pub service_type: ServiceType,
+    pub service_type: ProviderType,
     /// Where it runs.
     pub hostname: String,
     /// Its registry state (`active` in practice).

@@ -1,6 +1,8 @@
 //! A recording HTTP relay: forwards every request to the fleet server unchanged and records
 //! what went over the wire (method, path, the headers the client sent, the status, and the
-//! client's TCP peer address, which shows whether connections are reused).
+//! client's TCP peer address, which shows whether connections are reused). It can be told to
+//! answer every request with a status of its own instead (a proxy in front of a cc-backend
+//! that is restarting), and to forward again.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -53,6 +55,7 @@ struct RelayState {
     client: reqwest::Client,
     log: Arc<Mutex<Vec<Record>>>,
     count: Arc<watch::Sender<usize>>,
+    fault: Arc<Mutex<Option<StatusCode>>>,
 }
 
 /// The running relay.
@@ -61,6 +64,7 @@ pub struct Relay {
     addr: SocketAddr,
     log: Arc<Mutex<Vec<Record>>>,
     count: Arc<watch::Sender<usize>>,
+    fault: Arc<Mutex<Option<StatusCode>>>,
 }
 
 impl Relay {
@@ -75,11 +79,13 @@ impl Relay {
                 .expect("relay client"),
             log: Arc::default(),
             count: Arc::new(watch::Sender::new(0)),
+            fault: Arc::default(),
         };
         let relay = Relay {
             addr: "127.0.0.1:0".parse().unwrap(),
             log: state.log.clone(),
             count: state.count.clone(),
+            fault: state.fault.clone(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -114,6 +120,13 @@ impl Relay {
     /// How many requests were answered so far.
     pub fn len(&self) -> usize {
         *self.count.borrow()
+    }
+
+    /// From now on answers every request with `status` itself (`Some`), or forwards again
+    /// (`None`).
+    pub fn answer_with(&self, status: Option<u16>) {
+        *self.fault.lock().unwrap() =
+            status.map(|code| StatusCode::from_u16(code).expect("a valid status"));
     }
 
     /// Forgets what was recorded.
@@ -152,6 +165,21 @@ async fn forward(
         .path_and_query()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_default();
+    let fault = *state.fault.lock().unwrap();
+    if let Some(status) = fault {
+        let mut response = Response::new(Body::from("relay: answering with a fault"));
+        *response.status_mut() = status;
+        state.log.lock().unwrap().push(Record {
+            method: parts.method.to_string(),
+            path: parts.uri.path().to_owned(),
+            status: status.as_u16(),
+            headers: parts.headers,
+            body_len: body.len(),
+            peer,
+        });
+        state.count.send_modify(|n| *n += 1);
+        return response;
+    }
     let mut upstream = state
         .client
         .request(parts.method.clone(), format!("{}{path}", state.upstream))

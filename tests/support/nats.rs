@@ -15,6 +15,8 @@ pub struct NatsServer {
     binary: PathBuf,
     port: u16,
     child: Option<Child>,
+    /// A configuration file (`-c`) and the directory that holds it.
+    config: Option<(tempfile::TempDir, PathBuf)>,
 }
 
 /// Finds the nats-server binary or panics with installation advice.
@@ -57,6 +59,24 @@ impl NatsServer {
             binary: nats_server_binary(),
             port: free_port(),
             child: None,
+            config: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// Starts a server with a configuration file holding `config` (nats-server syntax, e.g.
+    /// `max_payload: 4096` or an `authorization` block); address and port come from the
+    /// command line.
+    pub fn start_with_config(config: &str) -> Self {
+        let dir = tempfile::tempdir().expect("a directory for the nats-server config");
+        let path = dir.path().join("nats-server.conf");
+        std::fs::write(&path, config).expect("write the nats-server config");
+        let mut server = NatsServer {
+            binary: nats_server_binary(),
+            port: free_port(),
+            child: None,
+            config: Some((dir, path)),
         };
         server.restart();
         server
@@ -92,7 +112,11 @@ impl NatsServer {
     /// (Re)starts the server on the same port and waits until it accepts connections.
     pub fn restart(&mut self) {
         self.kill();
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some((_, path)) = &self.config {
+            command.arg("-c").arg(path);
+        }
+        let child = command
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

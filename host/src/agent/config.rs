@@ -8,7 +8,8 @@
 //!   "discovery": {"provider": "STATIC", "static-endpoints": ["ms1:8080"]},
 //!   "metrics": {"type": "nats", "subject": "cc.metric.fritz"},
 //!   "plugins": [{"path": "plugins/loadavg.wasm", "collect-interval": "10s",
-//!                "capabilities": {"read-files": ["/proc/loadavg"]}}]
+//!                "capabilities": {"read-files": ["/proc/loadavg"]}}],
+//!   "shutdown-timeout": "10s"
 //! }
 //! ```
 //!
@@ -59,6 +60,10 @@ pub struct AgentConfig {
     /// The plugins.
     #[serde(default)]
     pub plugins: Vec<PluginSpec>,
+    /// How long shutdown may take after SIGTERM or SIGINT, whatever NATS, cc-backend or the
+    /// plugins do; what has not finished by then is abandoned.
+    #[serde(default = "default_shutdown_timeout", with = "serde_go")]
+    pub shutdown_timeout: Duration,
 }
 
 fn default_service_type() -> ServiceType {
@@ -67,6 +72,13 @@ fn default_service_type() -> ServiceType {
 
 fn default_discovery_interval() -> Duration {
     ccfleet::discovery::CACHE_REFRESH_INTERVAL
+}
+
+/// The default of `shutdown-timeout`.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn default_shutdown_timeout() -> Duration {
+    DEFAULT_SHUTDOWN_TIMEOUT
 }
 
 fn default_watch_interval() -> Duration {
@@ -84,6 +96,7 @@ impl fmt::Debug for AgentConfig {
             .field("discovery", &self.discovery.as_ref().map(|d| &d.provider))
             .field("metrics", &self.metrics)
             .field("plugins", &self.plugins)
+            .field("shutdown_timeout", &self.shutdown_timeout)
             .finish()
     }
 }
@@ -96,6 +109,11 @@ impl AgentConfig {
         for plugin in &mut config.plugins {
             plugin.resolve_path(base);
             plugin.validate()?;
+        }
+        if config.shutdown_timeout.is_zero() {
+            return Err(AgentError::Config(
+                "shutdown-timeout must be positive".to_owned(),
+            ));
         }
         if let Some(dir) = &mut config.plugin_cache_dir
             && dir.is_relative()
@@ -116,27 +134,34 @@ impl AgentConfig {
     }
 }
 
-pub use ccfleet::nats::NatsConfig;
+pub use ccfleet::nats::{ConnectionReporter, NatsConfig};
 
 /// Connects as the agent: reconnecting forever, so the agent starts (and heartbeats over
-/// REST) while NATS is down.
-pub async fn connect_nats(section: &NatsConfig) -> Result<async_nats::Client, AgentError> {
-    section
+/// REST) while NATS is down. The returned reporter logs the connection's events (an outage
+/// costs a few lines, never one per reconnect attempt) and knows whether it is up.
+pub async fn connect_nats(
+    section: &NatsConfig,
+) -> Result<(async_nats::Client, ConnectionReporter), AgentError> {
+    let reporter = ConnectionReporter::new(&section.address);
+    let events = reporter.clone();
+    let client = section
         .connect_options("ccfleet-agent")
         .await
         .map_err(|e| AgentError::Config(e.to_string()))?
-        .event_callback(|event| async move {
-            match event {
-                async_nats::Event::Connected => tracing::info!("NATS connected"),
-                async_nats::Event::Disconnected => {
-                    tracing::warn!("NATS disconnected; reconnecting")
-                }
-                other => tracing::debug!("NATS event: {other}"),
-            }
+        .event_callback(move |event| {
+            let events = events.clone();
+            async move { events.on_event(event).await }
         })
         .connect(section.address.as_str())
         .await
-        .map_err(|e| AgentError::Nats(format!("cannot connect to {}: {e}", section.address)))
+        .map_err(|e| {
+            // The address may carry credentials: only its host and port are shown.
+            AgentError::Nats(format!(
+                "cannot connect to {}: {e}",
+                section.display_address()
+            ))
+        })?;
+    Ok((client, reporter))
 }
 
 /// Where metrics go.
@@ -173,7 +198,8 @@ mod tests {
                 "discovery":{"provider":"STATIC","static-endpoints":["a:1"]},
                 "discovery-refresh-interval":"5s",
                 "metrics":{"type":"nats","subject":"cc.metric.fritz"},
-                "plugins":[{"path":"p/l.wasm","collect-interval":"10s"}]}"#,
+                "plugins":[{"path":"p/l.wasm","collect-interval":"10s"}],
+                "shutdown-timeout":"3s"}"#,
             Path::new("/etc/cc"),
         )
         .unwrap();
@@ -181,11 +207,22 @@ mod tests {
         assert_eq!(config.plugins[0].path, Path::new("/etc/cc/p/l.wasm"));
         assert_eq!(config.discovery_refresh_interval, Duration::from_secs(5));
         assert_eq!(config.metrics.kind, Some(SinkKind::Nats));
+        assert_eq!(config.shutdown_timeout, Duration::from_secs(3));
         let shown = format!("{config:?}");
         assert!(
             !shown.contains("secret") && !shown.contains("\"p\""),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn shutdown_is_bounded_by_ten_seconds_unless_configured() {
+        let config = AgentConfig::from_json(r#"{"fleet":{}}"#, Path::new(".")).unwrap();
+        assert_eq!(config.shutdown_timeout, Duration::from_secs(10));
+        let err = AgentConfig::from_json(r#"{"fleet":{},"shutdown-timeout":"0s"}"#, Path::new("."))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("shutdown-timeout"), "{err}");
     }
 
     #[test]

@@ -8,13 +8,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ccfleet::duration::GoDuration;
+
 use ccfleet::client::{self, Client, Options, Update};
 use ccfleet::discovery::{self, Cached, Discoverer, FleetRosters, Merged};
 use ccfleet::wire;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
-pub use config::{AgentConfig, MetricsConfig, NatsConfig, SinkKind};
+pub use config::{
+    AgentConfig, ConnectionReporter, DEFAULT_SHUTDOWN_TIMEOUT, MetricsConfig, NatsConfig, SinkKind,
+};
 
 use crate::sink::{self, Target};
 use crate::types::{ConfigUpdate, Instance, Provider, Source};
@@ -23,8 +28,12 @@ use crate::{FeedSenders, HostError, PluginEvent, PluginHandle, Runtime, RuntimeO
 /// How long the first registration and configuration pull may take before the agent goes on
 /// with the cached (or local) configuration.
 const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long deregistration may take at shutdown.
+/// How long deregistration may take at shutdown (at most half the shutdown bound, so the
+/// plugins and the metric flush get their share).
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How much longer than `shutdown-timeout` [`run`] lets the process live after the first
+/// signal before exiting regardless (the runtime's own teardown included).
+const EXIT_GRACE: Duration = Duration::from_secs(2);
 /// Batches buffered between the plugins and the metric output.
 const SINK_CAPACITY: usize = 1024;
 
@@ -60,6 +69,14 @@ pub enum AgentError {
     /// The plugin host could not be set up.
     #[error(transparent)]
     Host(#[from] HostError),
+    /// Shutdown did not finish within the bound; what was left was abandoned.
+    #[error("shutdown did not finish within {}; abandoned {what}", GoDuration(*after))]
+    ShutdownTimeout {
+        /// The bound (`shutdown-timeout`).
+        after: Duration,
+        /// The step that was still running.
+        what: &'static str,
+    },
 }
 
 /// Converts a fleet client update into the plugins' snapshot type.
@@ -109,6 +126,8 @@ pub struct RunningAgent {
     runtime: Runtime,
     initial: Update,
     nats: Option<async_nats::Client>,
+    nats_link: Option<ConnectionReporter>,
+    shutdown_timeout: Duration,
     plugins: Vec<PluginHandle>,
     run: JoinHandle<Result<(), client::Error>>,
     forwarders: Vec<JoinHandle<()>>,
@@ -142,9 +161,12 @@ impl Agent {
         let fleet = client::Config::from_value(config.fleet.clone())?;
         let cluster = fleet.cluster.clone();
 
-        let nats = match &config.nats {
-            Some(section) => Some(config::connect_nats(section).await?),
-            None => None,
+        let (nats, nats_link) = match &config.nats {
+            Some(section) => {
+                let (client, link) = config::connect_nats(section).await?;
+                (Some(client), Some(link))
+            }
+            None => (None, None),
         };
         let mut options = Options::new(fleet, config.service_type);
         options.meta = config.meta.clone();
@@ -282,6 +304,8 @@ impl Agent {
             runtime,
             initial,
             nats,
+            nats_link,
+            shutdown_timeout: config.shutdown_timeout,
             plugins,
             run,
             forwarders,
@@ -325,24 +349,81 @@ impl RunningAgent {
         &self.plugins
     }
 
-    /// Stops the client (deregistering), discovery and the plugins, and flushes the metrics.
+    /// Whether the NATS connection is up (`None` without a NATS section).
+    pub fn nats_connected(&self) -> Option<bool> {
+        self.nats
+            .as_ref()
+            .map(|client| client.connection_state() == async_nats::connection::State::Connected)
+    }
+
+    /// The NATS server's address as logs show it, without credentials (`None` without a NATS
+    /// section).
+    pub fn nats_address(&self) -> Option<&str> {
+        self.nats_link.as_ref().map(ConnectionReporter::address)
+    }
+
+    /// Stops the client (deregistering), discovery and the plugins, and flushes the metrics,
+    /// all within the configured `shutdown-timeout` whatever cc-backend, NATS or the plugins
+    /// do: what has not finished by then is abandoned and reported as
+    /// [`AgentError::ShutdownTimeout`].
     pub async fn shutdown(mut self) -> Result<(), AgentError> {
-        let closed = self.client.close(CLOSE_TIMEOUT).await;
-        let run = (&mut self.run).await;
-        for plugin in std::mem::take(&mut self.plugins) {
-            plugin.stop().await;
+        let bound = self.shutdown_timeout;
+        let deadline = Instant::now() + bound;
+        // The client's own bound covers stopping its loop and deregistering.
+        let closed = self.client.close(CLOSE_TIMEOUT.min(bound / 2)).await;
+        if let Err(error) = &closed {
+            tracing::warn!(%error, "leaving the fleet without deregistering");
         }
-        if let Some(cached) = self.discovery.take() {
-            cached.stop().await;
-        }
-        for task in &self.forwarders {
-            task.abort();
-        }
-        if let Some(sink) = self.sink.take() {
-            let _ = sink.await;
-        }
+        let mut step = "the fleet client";
+        let steps = async {
+            let run = (&mut self.run).await;
+            step = "the plugins";
+            for plugin in std::mem::take(&mut self.plugins) {
+                plugin.stop().await;
+            }
+            step = "service discovery";
+            if let Some(cached) = self.discovery.take() {
+                cached.stop().await;
+            }
+            for task in &self.forwarders {
+                task.abort();
+            }
+            step = "the metric flush";
+            if let Some(sink) = self.sink.take() {
+                let disconnected = self.nats_connected() == Some(false);
+                if disconnected {
+                    // A flush waits for a connection that may never come back.
+                    tracing::warn!("NATS is not connected: metrics not yet published are dropped");
+                    sink.abort();
+                } else {
+                    let _ = sink.await;
+                }
+            }
+            run
+        };
+        // A statement of its own, so the steps' borrows end before the arms.
+        let outcome = tokio::time::timeout_at(deadline, steps).await;
+        let run = match outcome {
+            Ok(run) => run,
+            Err(_) => {
+                if let Some(sink) = self.sink.take() {
+                    sink.abort();
+                }
+                // Dropping the rest (plugins, discovery, the run loop) stops it.
+                tracing::warn!(
+                    bound = %GoDuration(bound),
+                    "shutdown did not finish in time; abandoning {step}"
+                );
+                return Err(AgentError::ShutdownTimeout {
+                    after: bound,
+                    what: step,
+                });
+            }
+        };
         closed?;
         match run {
+            // The run task had not started when the client was closed: nothing ran.
+            Ok(Err(client::Error::Closed)) => {}
             Ok(result) => result?,
             Err(join) => tracing::error!("the fleet client task failed: {join}"),
         }
@@ -355,38 +436,143 @@ impl Drop for RunningAgent {
         for task in &self.forwarders {
             task.abort();
         }
+        if let Some(sink) = &self.sink {
+            sink.abort();
+        }
         self.run.abort();
     }
 }
 
-/// Runs the agent until SIGINT or SIGTERM, then shuts it down cleanly.
+/// Runs the agent until SIGINT or SIGTERM, then shuts it down within `shutdown-timeout`.
+///
+/// This is the process's signal handling: a second signal during shutdown exits the process
+/// at once (status 128 + the signal's number), and should shutdown (or the runtime's
+/// teardown after it) hang anyway, the process exits `shutdown-timeout` plus two seconds
+/// after the first signal. A signal during start-up exits without starting.
 pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
-    let agent = Agent::new(config)?.start().await?;
-    wait_for_signal().await;
-    tracing::info!("shutting down");
+    let bound = config.shutdown_timeout;
+    // Listening from the start: a signal that arrives while starting is not lost.
+    let mut signals = Signals::new();
+    let agent = Agent::new(config)?;
+    let agent = tokio::select! {
+        agent = agent.start() => agent?,
+        signal = signals.recv() => {
+            tracing::info!(signal = signal.name, "signal received while starting; exiting");
+            return Ok(());
+        }
+    };
+    let signal = signals.recv().await;
+    tracing::info!(
+        signal = signal.name,
+        bound = %GoDuration(bound),
+        "shutting down (a second signal exits at once)"
+    );
+    tokio::spawn(async move {
+        let signal = signals.recv().await;
+        tracing::warn!(
+            signal = signal.name,
+            "second signal: exiting without finishing the shutdown"
+        );
+        std::process::exit(128 + signal.number);
+    });
+    // A thread of its own, so neither a stalled runtime nor a blocking task can keep the
+    // process alive.
+    std::thread::spawn(move || {
+        std::thread::sleep(bound + EXIT_GRACE);
+        tracing::error!(
+            bound = %GoDuration(bound),
+            "shutdown overran its bound; exiting"
+        );
+        std::process::exit(1);
+    });
     agent.shutdown().await
+}
+
+/// A signal that stops the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StopSignal {
+    /// `SIGTERM` or `SIGINT`.
+    pub name: &'static str,
+    /// The signal's number (15 or 2).
+    pub number: i32,
+}
+
+const SIGTERM: StopSignal = StopSignal {
+    name: "SIGTERM",
+    number: 15,
+};
+const SIGINT: StopSignal = StopSignal {
+    name: "SIGINT",
+    number: 2,
+};
+
+/// SIGTERM and SIGINT, listened to from creation on: every signal after [`Signals::new`] is
+/// seen by a [`Signals::recv`], the first and any later one.
+pub struct Signals {
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Starts listening (within a tokio runtime).
+    pub fn new() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let listen = |kind: SignalKind, name: &str| match signal(kind) {
+                Ok(stream) => Some(stream),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot watch {name}; it will not stop the agent");
+                    None
+                }
+            };
+            Signals {
+                term: listen(SignalKind::terminate(), "SIGTERM"),
+                int: listen(SignalKind::interrupt(), "SIGINT"),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            Signals {}
+        }
+    }
+
+    /// Waits for the next SIGTERM or SIGINT.
+    pub async fn recv(&mut self) -> StopSignal {
+        #[cfg(unix)]
+        {
+            async fn next(stream: &mut Option<tokio::signal::unix::Signal>) {
+                match stream {
+                    Some(stream) => {
+                        if stream.recv().await.is_none() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! {
+                () = next(&mut self.term) => SIGTERM,
+                () = next(&mut self.int) => SIGINT,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            SIGINT
+        }
+    }
+}
+
+impl Default for Signals {
+    fn default() -> Signals {
+        Signals::new()
+    }
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
 pub async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot watch SIGTERM; only Ctrl-C stops the agent");
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
+    Signals::new().recv().await;
 }

@@ -30,12 +30,17 @@ pub struct Args {
     /// Comma-separated names to resolve (overrides `DNS_QUERY`).
     #[arg(long)]
     dns_query: Option<String>,
-    /// `ip[:port]` of the DNS resolver (overrides `DNS_RESOLVER_ADDRESS`).
+    /// `ip[:port]` or `host[:port]` of the DNS resolver (overrides `DNS_RESOLVER_ADDRESS`).
     #[arg(long)]
     dns_resolver_address: Option<String>,
-    /// Kubernetes API endpoint (overrides `K8S_API_ENDPOINT`).
+    /// `https://` Kubernetes API endpoint, reached on Google Application Default Credentials
+    /// (overrides `K8S_API_ENDPOINT`; unset uses the pod's service account).
     #[arg(long)]
     k8s_api_endpoint: Option<String>,
+    /// Allow an `http://` Kubernetes endpoint, sent no credentials (overrides
+    /// `K8S_API_INSECURE`).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    k8s_api_insecure: Option<bool>,
     /// Namespace of the pods (overrides `POD_NAMESPACE`).
     #[arg(long)]
     pod_namespace: Option<String>,
@@ -48,7 +53,8 @@ pub struct Args {
     /// Comma-separated `host[:port]` entries (overrides `STATIC`).
     #[arg(long = "static")]
     static_endpoints: Option<String>,
-    /// Nomad agent URL (overrides `NOMAD_ENDPOINT`); the token comes from `NOMAD_TOKEN`.
+    /// Nomad agent URL, any path ignored (overrides `NOMAD_ENDPOINT`); the token comes from
+    /// `NOMAD_TOKEN`.
     #[arg(long)]
     nomad_endpoint: Option<String>,
     /// Print JSON instead of a table (with `--watch`, one JSON event per line).
@@ -87,6 +93,10 @@ impl Args {
             (
                 provider::ENV_K8S_API_ENDPOINT,
                 self.k8s_api_endpoint.clone(),
+            ),
+            (
+                provider::ENV_K8S_API_INSECURE,
+                self.k8s_api_insecure.map(|b| b.to_string()),
             ),
             (provider::ENV_POD_NAMESPACE, self.pod_namespace.clone()),
             (provider::ENV_POD_LABELS, self.pod_labels.clone()),
@@ -362,7 +372,8 @@ mod tests {
             port: Some(6123),
             dns_query: None,
             dns_resolver_address: None,
-            k8s_api_endpoint: None,
+            k8s_api_endpoint: Some("http://127.0.0.1:8001".to_owned()),
+            k8s_api_insecure: Some(true),
             pod_namespace: None,
             pod_labels: None,
             host_ip: Some(true),
@@ -377,6 +388,37 @@ mod tests {
         assert_eq!(config.provider, "static");
         assert_eq!(config.port, 6123);
         assert!(config.host_ip);
+        assert!(config.k8s_api_insecure);
         assert_eq!(config.static_endpoints, ["10.0.0.1", "10.0.0.2:7000"]);
+    }
+
+    #[test]
+    fn malformed_static_entries_and_local_are_refused_as_by_the_library() {
+        let args = |provider: &str, entries: Option<&str>| Args {
+            env_prefix: "CCFLEET_DISCOVER_TEST_UNSET_".to_owned(),
+            provider: Some(provider.to_owned()),
+            port: None,
+            dns_query: None,
+            dns_resolver_address: None,
+            k8s_api_endpoint: None,
+            k8s_api_insecure: None,
+            pod_namespace: None,
+            pod_labels: None,
+            host_ip: None,
+            static_endpoints: entries.map(str::to_owned),
+            nomad_endpoint: None,
+            json: false,
+            watch: false,
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(15),
+        };
+        let err = provider::new(&args("STATIC", Some("a:b:c")).config().unwrap())
+            .err()
+            .expect("a:b:c is refused");
+        assert!(err.to_string().contains("too many colons"), "{err}");
+        let err = provider::new(&args("LOCAL", Some("10.0.0.1")).config().unwrap())
+            .err()
+            .expect("LOCAL is no provider");
+        assert!(err.to_string().contains("PROVIDER=STATIC"), "{err}");
     }
 }

@@ -1,0 +1,248 @@
+//! The properties the fuzz targets check on any input: no panic, and answers that agree with
+//! each other. `tests/lineproto_fuzz.rs` includes this file to replay the seed corpus and
+//! every input that once failed, so the checks also run in the ordinary test suite.
+
+use ccfleet::lineproto::{
+    Decoder, DecoderOptions, Encoder, FieldValue, OwnedValue, Point, Precision,
+};
+use ccfleet::wire::{self, HeartbeatLine, Provider, ProviderType, ServiceType};
+
+/// Any bytes through the decoder, with options picked by the first byte; every token of
+/// every line is read, and what the strict encoder accepts of a decoded point must decode
+/// back to the same point.
+pub fn decoder(data: &[u8]) {
+    let (options, input) = match data.split_first() {
+        Some((&pick, rest)) => (
+            DecoderOptions {
+                precision: [
+                    Precision::Nanosecond,
+                    Precision::Microsecond,
+                    Precision::Millisecond,
+                    Precision::Second,
+                ][usize::from(pick & 3)],
+                default_time: (pick & 4 != 0).then_some(1_700_000_000_123_456_789),
+                max_line_len: if pick & 8 != 0 { 64 } else { 1 << 20 },
+            },
+            rest,
+        ),
+        None => (DecoderOptions::default(), data),
+    };
+    let mut last_line = 0;
+    let mut scratch = String::new();
+    for item in Decoder::with_options(input, options) {
+        match item {
+            Ok(line) => {
+                assert!(line.line_number() > last_line, "line numbers go forward");
+                last_line = line.line_number();
+                assert!(line.raw().len() <= options.max_line_len);
+                let point = Point::from_line(&line);
+                assert!(!point.fields.is_empty(), "a point has a field");
+                assert_eq!(
+                    line.measurement().unescape_with(&mut scratch),
+                    point.measurement
+                );
+                assert!(line.measurement().eq_unescaped(&point.measurement));
+                assert_eq!(line.tags().count(), point.tags.len());
+                for ((k, v), (pk, pv)) in line.tags().zip(&point.tags) {
+                    assert!(k.eq_unescaped(pk) && v.eq_unescaped(pv));
+                    assert!(line.tag(pk).is_some());
+                }
+                for ((k, v), (pk, pv)) in line.fields().zip(&point.fields) {
+                    assert!(k.eq_unescaped(pk));
+                    if let (FieldValue::String(t), OwnedValue::String(s)) = (v, pv) {
+                        assert!(t.eq_unescaped(s));
+                        assert_eq!(t.unescape_with(&mut scratch), s);
+                    }
+                }
+                assert_eq!(line.time_or_default(), point.time);
+                let _ = point.to_json();
+                reencodes_to_itself(&point);
+            }
+            Err(error) => {
+                assert!(error.line >= 1 && error.column >= 1);
+                assert!(error.line >= last_line, "errors come in line order");
+                last_line = error.line;
+                let _ = error.to_string();
+            }
+        }
+    }
+}
+
+/// A point the strict encoder accepts decodes back to itself.
+fn reencodes_to_itself(point: &Point) {
+    let mut encoder = Encoder::new();
+    if encoder.encode_point(point, true).is_err() {
+        return;
+    }
+    let mut sorted = point.clone();
+    if sorted.normalize_tags().is_err() {
+        return;
+    }
+    let bytes = encoder.take();
+    let mut decoder = Decoder::new(&bytes);
+    let line = match decoder.next() {
+        Some(Ok(line)) => line,
+        other => panic!(
+            "{:?} re-encoded as {:?}: {other:?}",
+            point,
+            bytes.escape_ascii().to_string()
+        ),
+    };
+    assert_eq!(Point::from_line(&line), sorted, "{}", bytes.escape_ascii());
+    assert!(decoder.next().is_none(), "one point is one line");
+}
+
+/// Any bytes as a heartbeat message: the scan (cc-backend's classification) and the strict
+/// decode agree, and the fast path for canonical lines agrees with the full decoder.
+pub fn heartbeats(data: &[u8]) {
+    let mut scanned = Vec::new();
+    let scan = wire::scan_heartbeats(data, |line| {
+        scanned.push(match line {
+            HeartbeatLine::Accepted(id) => Some(id.to_owned()),
+            _ => None,
+        })
+    });
+    let Ok(ids) = wire::decode_heartbeats(data) else {
+        return;
+    };
+    assert!(scan.is_ok(), "decoded, yet the scan failed: {scan:?}");
+    let accepted: Vec<_> = ids.iter().cloned().map(Some).collect();
+    assert_eq!(scanned, accepted);
+    let options = DecoderOptions {
+        max_line_len: wire::HEARTBEAT_MAX_LINE_LEN,
+        ..DecoderOptions::default()
+    };
+    let full: Vec<String> = Decoder::with_options(data, options)
+        .map(|line| wire::parse_heartbeat(&line.unwrap()).unwrap().into_owned())
+        .collect();
+    assert_eq!(full, ids);
+}
+
+/// Any bytes as a roster message: a roster that decodes re-encodes to the same providers.
+pub fn roster(data: &[u8]) {
+    let Ok(providers) = wire::decode_roster(data) else {
+        return;
+    };
+    let again = wire::encode_roster("b", ServiceType::MetricStore, &providers, 1).unwrap();
+    assert_eq!(wire::decode_roster(&again).unwrap(), providers);
+}
+
+/// Reads the fuzz input as a recipe for values to encode.
+struct Recipe<'a>(&'a [u8]);
+
+impl Recipe<'_> {
+    fn byte(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+
+    fn u64(&mut self) -> u64 {
+        (0..8).fold(0, |acc, _| acc << 8 | u64::from(self.byte()))
+    }
+
+    /// A string of up to 31 bytes, drawn mostly from the bytes that matter to the syntax.
+    fn text(&mut self) -> String {
+        const ALPHABET: &[u8] = b"a\\ ,=\"\t\r\n#x\x01\x7f";
+        let len = self.byte() % 32;
+        let mut bytes = Vec::new();
+        for _ in 0..len {
+            let b = self.byte();
+            if b < 0xc0 {
+                bytes.push(ALPHABET[usize::from(b) % ALPHABET.len()]);
+            } else if b < 0xe0 {
+                bytes.extend_from_slice("é".as_bytes());
+            } else {
+                bytes.push(self.byte());
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// Values built from the fuzz input go through each encoder and decode back to themselves.
+pub fn round_trip(data: &[u8]) {
+    let mut recipe = Recipe(data);
+
+    // The line-protocol encoder: a point it accepts decodes to the same point.
+    let mut point = Point {
+        measurement: recipe.text(),
+        ..Point::default()
+    };
+    for _ in 0..recipe.byte() % 4 {
+        point.tags.push((recipe.text(), recipe.text()));
+    }
+    for _ in 0..1 + recipe.byte() % 4 {
+        let value = match recipe.byte() % 5 {
+            0 => OwnedValue::Float(f64::from_bits(recipe.u64())),
+            1 => OwnedValue::Int(recipe.u64() as i64),
+            2 => OwnedValue::Uint(recipe.u64()),
+            3 => OwnedValue::Bool(recipe.byte() & 1 == 1),
+            _ => OwnedValue::String(recipe.text()),
+        };
+        point.fields.push((recipe.text(), value));
+    }
+    point.time = (recipe.byte() & 1 == 1).then(|| recipe.u64() as i64);
+    reencodes_to_itself(&point);
+
+    // Heartbeats: any non-empty ids come back, through the scan and the strict decode.
+    let ids: Vec<String> = (0..1 + recipe.byte() % 3)
+        .map(|_| recipe.text())
+        .filter(|id| !id.is_empty())
+        .collect();
+    if !ids.is_empty() {
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let time = recipe.u64() as i64;
+        let bytes = wire::encode_heartbeat(time, &refs).unwrap();
+        assert_eq!(wire::decode_heartbeats(&bytes).unwrap(), ids);
+        let mut scanned = Vec::new();
+        wire::scan_heartbeats(&bytes, |line| {
+            scanned.push(match line {
+                HeartbeatLine::Accepted(id) => id.to_owned(),
+                other => panic!("{other:?}"),
+            })
+        })
+        .unwrap();
+        assert_eq!(scanned, ids);
+    }
+
+    // Rosters: the providers come back; the bucket tag reads back as Go writes it, with a
+    // tab, CR or LF turned into two backslashes and a letter.
+    let bucket = recipe.text();
+    let consumer = ServiceType::ALL[usize::from(recipe.byte()) % ServiceType::ALL.len()];
+    let providers: Vec<Provider> = (0..recipe.byte() % 3)
+        .map(|_| Provider {
+            // Unknown provider types (any string) are kept as they arrived.
+            service_type: match recipe.byte() {
+                b if b % 4 == 0 => ProviderType::from(recipe.text().as_str()),
+                b => ServiceType::ALL[usize::from(b) % ServiceType::ALL.len()].into(),
+            },
+            hostname: recipe.text(),
+            state: recipe.text(),
+            meta: (0..recipe.byte() % 3)
+                .map(|_| (recipe.text(), recipe.text()))
+                .collect(),
+        })
+        .collect();
+    let bytes = wire::encode_roster(&bucket, consumer, &providers, 1).unwrap();
+    let readable = !bucket.is_empty()
+        && !bucket.ends_with('\\')
+        && bucket
+            .bytes()
+            .all(|b| !(b < 0x20 || b == 0x7f) || matches!(b, b'\t' | b'\r' | b'\n'));
+    if !readable {
+        return;
+    }
+    assert_eq!(wire::decode_roster(&bytes).unwrap(), providers);
+    let line = Decoder::new(&bytes).next().unwrap().unwrap();
+    let go_bucket = bucket
+        .replace('\t', "\\\\t")
+        .replace('\r', "\\\\r")
+        .replace('\n', "\\\\n");
+    assert_eq!(line.tag("cluster").unwrap().unescape(), go_bucket);
+    assert_eq!(line.tag("type").unwrap().unescape(), consumer.code());
+}

@@ -1,0 +1,142 @@
+//! `GET /healthz`: whether the server's dependencies work, for load balancers and
+//! watchdogs.
+//!
+//! Each dependency is checked and named: the registry database must take a write (see
+//! [`Registry::writable`]) and NATS, when configured, must be connected. All fine answers
+//! `200` with the details; anything down answers `503` naming what is down:
+//!
+//! ```text
+//! {"status":"ok","down":[],"checks":{"database":"ok","nats":"ok"}}
+//! {"status":"unavailable","down":["nats"],"checks":{"database":"ok","nats":"disconnected"}}
+//! ```
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::registry::Registry;
+
+/// How long the database probe may wait for the registry (busy with a large batch, or
+/// stuck) before the database counts as down.
+const DATABASE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What `/healthz` checks.
+#[derive(Clone)]
+pub(crate) struct Health {
+    registry: Registry,
+    nats: Option<async_nats::Client>,
+}
+
+/// The outcome of one check: `ok`, or what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub(crate) struct Check(String);
+
+impl Check {
+    fn ok() -> Check {
+        Check("ok".into())
+    }
+
+    fn is_ok(&self) -> bool {
+        self.0 == "ok"
+    }
+}
+
+/// The `/healthz` body.
+#[derive(Debug, Serialize)]
+pub(crate) struct Report {
+    status: &'static str,
+    down: Vec<&'static str>,
+    checks: Checks,
+}
+
+#[derive(Debug, Serialize)]
+struct Checks {
+    database: Check,
+    /// `not configured` when the server runs without NATS (REST only), which is not down.
+    nats: Check,
+}
+
+impl Report {
+    fn new(database: Check, nats: Option<Check>) -> Report {
+        let mut down = Vec::new();
+        if !database.is_ok() {
+            down.push("database");
+        }
+        let nats = match nats {
+            Some(check) => {
+                if !check.is_ok() {
+                    down.push("nats");
+                }
+                check
+            }
+            None => Check("not configured".into()),
+        };
+        Report {
+            status: if down.is_empty() { "ok" } else { "unavailable" },
+            down,
+            checks: Checks { database, nats },
+        }
+    }
+
+    /// Whether every dependency works.
+    pub(crate) fn healthy(&self) -> bool {
+        self.down.is_empty()
+    }
+}
+
+impl Health {
+    pub(crate) fn new(registry: Registry, nats: Option<async_nats::Client>) -> Health {
+        Health { registry, nats }
+    }
+
+    /// Checks every dependency.
+    pub(crate) async fn check(&self) -> Report {
+        let database = match tokio::time::timeout(DATABASE_TIMEOUT, self.registry.writable()).await
+        {
+            Ok(Ok(())) => Check::ok(),
+            Ok(Err(e)) => Check(format!("writes fail: {e}")),
+            Err(_) => Check(format!(
+                "no answer within {}",
+                crate::duration::format(DATABASE_TIMEOUT)
+            )),
+        };
+        let nats = self.nats.as_ref().map(|client| {
+            use async_nats::connection::State;
+            match client.connection_state() {
+                State::Connected => Check::ok(),
+                State::Pending => Check("connecting".into()),
+                State::Disconnected => Check("disconnected".into()),
+            }
+        });
+        Report::new(database, nats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_names_each_dependency_that_is_down() {
+        let json = |r: &Report| serde_json::to_string(r).unwrap();
+        let fine = Report::new(Check::ok(), Some(Check::ok()));
+        assert!(fine.healthy());
+        assert_eq!(
+            json(&fine),
+            r#"{"status":"ok","down":[],"checks":{"database":"ok","nats":"ok"}}"#
+        );
+        let rest_only = Report::new(Check::ok(), None);
+        assert!(rest_only.healthy());
+        assert!(json(&rest_only).contains(r#""nats":"not configured""#));
+        let both = Report::new(
+            Check("writes fail: disk full".into()),
+            Some(Check("disconnected".into())),
+        );
+        assert!(!both.healthy());
+        assert_eq!(
+            json(&both),
+            r#"{"status":"unavailable","down":["database","nats"],"checks":{"database":"writes fail: disk full","nats":"disconnected"}}"#
+        );
+    }
+}

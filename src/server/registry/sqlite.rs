@@ -1,0 +1,383 @@
+//! The SQLite backend: cc-backend's `service` table.
+//!
+//! Every method is one explicit transaction that takes the write lock at once; its
+//! statements are stepped to completion and the commit is checked, so an error, including
+//! the commit's (a full disk shows up there), always reaches the caller and nothing of a
+//! failed call is kept. Stepping to completion also lets SQLite's automatic WAL checkpoint
+//! run (its hook fires only when a statement finishes), which together with
+//! `journal_size_limit` keeps the `-wal` file small.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior, params};
+
+use super::{
+    Registration, RegistryStore, Service, State, StoredService, Upserted, parse_instance_id,
+    unix_seconds,
+};
+use crate::server::error::{RegistryError, RegistryErrorKind};
+use crate::wire::{Scope, ServiceType};
+
+/// Frames after which a commit checkpoints the WAL into the database (SQLite's default,
+/// stated so the bound below can be derived from it): about 4 MiB with 4 KiB pages.
+const WAL_AUTOCHECKPOINT: i64 = 1000;
+/// The size the WAL file is truncated back to after a checkpoint. The file grows past
+/// [`WAL_AUTOCHECKPOINT`] frames only by the last transaction, which for a large heartbeat
+/// batch can be tens of MiB; this gives that space back once it is checkpointed.
+pub const JOURNAL_SIZE_LIMIT: i64 = 16 << 20;
+/// Rows per multi-row heartbeat `UPDATE`.
+const UPDATE_CHUNK: usize = 256;
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS "service" (
+    id INTEGER PRIMARY KEY,
+    cluster VARCHAR(255) NOT NULL,
+    hostname VARCHAR(255) NOT NULL,
+    service_type VARCHAR(255) NOT NULL,
+    instance_id VARCHAR(64) NOT NULL,
+    scope VARCHAR(32) NOT NULL DEFAULT 'cluster' CHECK (scope IN ('cluster', 'infra')),
+    state VARCHAR(32) NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'active', 'stale', 'deregistered')),
+    registered_at INTEGER NOT NULL,
+    last_heartbeat INTEGER,
+    config_revision INTEGER NOT NULL DEFAULT 0,
+    meta_data TEXT,
+    UNIQUE (cluster, hostname, service_type),
+    UNIQUE (instance_id)
+);
+CREATE INDEX IF NOT EXISTS services_cluster ON service (cluster);
+CREATE INDEX IF NOT EXISTS services_scope ON service (scope);
+CREATE INDEX IF NOT EXISTS services_state_heartbeat ON service (state, last_heartbeat);
+CREATE TABLE IF NOT EXISTS ccfleet_health (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    probed_at INTEGER NOT NULL
+);
+"#;
+
+impl From<rusqlite::Error> for RegistryError {
+    fn from(e: rusqlite::Error) -> RegistryError {
+        let kind = match e.sqlite_error_code() {
+            Some(ErrorCode::ConstraintViolation) => RegistryErrorKind::Conflict,
+            Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
+                RegistryErrorKind::Corrupt
+            }
+            Some(_) => RegistryErrorKind::Unavailable,
+            // Not an SQLite failure: a value of the wrong type or shape came back.
+            None => RegistryErrorKind::Corrupt,
+        };
+        RegistryError::with_source(kind, e.to_string(), e)
+    }
+}
+
+/// The registry in a SQLite database (a file, or memory for tests and file-less servers).
+pub struct SqliteStore {
+    conn: Connection,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file `path`, or one in memory when `path` is
+    /// `None`. Blocking.
+    pub fn open(path: Option<&Path>) -> Result<SqliteStore, RegistryError> {
+        let conn = match path {
+            Some(path) => {
+                let conn = Connection::open(path)?;
+                // WAL lets readers of other tools coexist with our writer; NORMAL keeps
+                // commits durable across process crashes without an fsync per batch.
+                conn.pragma_update(None, "journal_mode", "WAL")?;
+                conn.pragma_update(None, "synchronous", "NORMAL")?;
+                // Heartbeats touch every row; keep the table and its indexes in memory
+                // (the value is in KiB when negative).
+                conn.pragma_update(None, "cache_size", -65_536)?;
+                conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT)?;
+                conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)?;
+                conn
+            }
+            None => Connection::open_in_memory()?,
+        };
+        conn.busy_timeout(Duration::from_secs(5))?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(SqliteStore { conn })
+    }
+
+    /// Runs `f` in a transaction and commits it. The transaction takes the write lock at
+    /// once, so it cannot fail half-way for want of it; if `f` or the commit fails,
+    /// everything `f` wrote is rolled back.
+    fn write<R>(
+        &mut self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<R, RegistryError>,
+    ) -> Result<R, RegistryError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let out = f(&tx)?;
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// Runs a statement on the connection (tests use it to break or inspect the database).
+    #[cfg(test)]
+    pub(super) fn connection(&self) -> &Connection {
+        &self.conn
+    }
+}
+
+/// Every write targets rows the index says exist; a different count means the index and
+/// the database disagree, and acknowledging the write would be a lie.
+fn expect_changed(changed: usize, expected: usize) -> Result<(), RegistryError> {
+    if changed == expected {
+        Ok(())
+    } else {
+        Err(RegistryError::new(
+            RegistryErrorKind::Corrupt,
+            "a row the index knows is missing from the database",
+        ))
+    }
+}
+
+fn corrupt(column: &str) -> RegistryError {
+    RegistryError::new(RegistryErrorKind::Corrupt, format!("corrupt row: {column}"))
+}
+
+impl RegistryStore for SqliteStore {
+    fn load(&mut self) -> Result<Vec<StoredService>, RegistryError> {
+        let mut stored = Vec::new();
+        let mut stmt = self.conn.prepare(
+            "SELECT id, cluster, hostname, service_type, instance_id, scope, state, \
+             registered_at, last_heartbeat, config_revision, meta_data FROM service",
+        )?;
+        let mut rows = stmt.query([])?;
+        let mut bad_meta = 0usize;
+        while let Some(row) = rows.next()? {
+            let instance_text: String = row.get(4)?;
+            let instance = parse_instance_id(&instance_text).ok_or(corrupt("instance_id"))?;
+            let type_text: String = row.get(3)?;
+            let service_type: ServiceType =
+                type_text.parse().map_err(|_| corrupt("service_type"))?;
+            let scope = match row.get_ref(5)?.as_str().unwrap_or_default() {
+                "cluster" => Scope::Cluster,
+                "infra" => Scope::Infra,
+                _ => return Err(corrupt("scope")),
+            };
+            let state = State::parse(row.get_ref(6)?.as_str().unwrap_or_default())
+                .ok_or(corrupt("state"))?;
+            let meta_text: Option<String> = row.get(10)?;
+            let meta = match meta_text.as_deref() {
+                None | Some("") => BTreeMap::new(),
+                Some(text) => serde_json::from_str(text).unwrap_or_else(|_| {
+                    bad_meta += 1;
+                    BTreeMap::new()
+                }),
+            };
+            stored.push(StoredService {
+                key: row.get(0)?,
+                instance,
+                service: Service {
+                    scope,
+                    cluster: row.get(1)?,
+                    hostname: row.get(2)?,
+                    service_type,
+                    state,
+                    registered_at: row.get(7)?,
+                    last_heartbeat: row.get(8)?,
+                    config_revision: row.get(9)?,
+                    meta: Arc::new(meta),
+                },
+            });
+        }
+        if bad_meta > 0 {
+            tracing::warn!(
+                "fleet: {bad_meta} service row(s) have unparseable meta_data; ignoring it"
+            );
+        }
+        Ok(stored)
+    }
+
+    fn register(
+        &mut self,
+        reg: &Registration,
+        instance_id: &str,
+        now: i64,
+    ) -> Result<Upserted, RegistryError> {
+        let meta_json = if reg.meta.is_empty() {
+            None
+        } else {
+            Some(serde_json::to_string(&reg.meta).expect("string map serializes"))
+        };
+        self.write(|tx| {
+            let mut stmt = tx.prepare_cached(
+                "INSERT INTO service (cluster, hostname, service_type, instance_id, scope, \
+                 state, registered_at, meta_data, config_revision) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, 0) \
+                 ON CONFLICT (cluster, hostname, service_type) DO UPDATE SET \
+                 instance_id = excluded.instance_id, scope = excluded.scope, \
+                 state = 'pending', registered_at = excluded.registered_at, \
+                 meta_data = excluded.meta_data \
+                 RETURNING id, last_heartbeat, config_revision",
+            )?;
+            let mut rows = stmt.query(params![
+                reg.cluster,
+                reg.hostname,
+                reg.service_type.code(),
+                instance_id,
+                reg.scope.as_str(),
+                now,
+                meta_json
+            ])?;
+            let row = rows.next()?.ok_or_else(|| {
+                RegistryError::new(RegistryErrorKind::Corrupt, "an upsert returned no row")
+            })?;
+            let upserted = Upserted {
+                key: row.get(0)?,
+                last_heartbeat: row.get(1)?,
+                config_revision: row.get(2)?,
+            };
+            // Step to the end: an error SQLite reports after the returned row must not be
+            // lost in the statement reset.
+            while rows.next()?.is_some() {}
+            Ok(upserted)
+        })
+    }
+
+    fn heartbeats(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError> {
+        let chunk_sql = format!(
+            "UPDATE service SET last_heartbeat = ?1, state = 'active' WHERE id IN ({})",
+            (2..UPDATE_CHUNK + 2)
+                .map(|i| format!("?{i}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        self.write(|tx| {
+            for same_time in writes.chunk_by(|a, b| a.1 == b.1) {
+                let at = same_time[0].1;
+                let mut chunks = same_time.chunks_exact(UPDATE_CHUNK);
+                if chunks.len() > 0 {
+                    let mut stmt = tx.prepare_cached(&chunk_sql)?;
+                    for chunk in chunks.by_ref() {
+                        stmt.raw_bind_parameter(1, at)?;
+                        for (i, &(key, _)) in chunk.iter().enumerate() {
+                            stmt.raw_bind_parameter(i + 2, key)?;
+                        }
+                        expect_changed(stmt.raw_execute()?, UPDATE_CHUNK)?;
+                    }
+                }
+                let rest = chunks.remainder();
+                if !rest.is_empty() {
+                    let mut stmt = tx.prepare_cached(
+                        "UPDATE service SET last_heartbeat = ?1, state = 'active' WHERE id = ?2",
+                    )?;
+                    for &(key, _) in rest {
+                        expect_changed(stmt.execute(params![at, key])?, 1)?;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn deregister(&mut self, key: i64) -> Result<(), RegistryError> {
+        self.write(|tx| {
+            let changed = tx
+                .prepare_cached("UPDATE service SET state = 'deregistered' WHERE id = ?1")?
+                .execute(params![key])?;
+            expect_changed(changed, 1)
+        })
+    }
+
+    fn acknowledge(&mut self, key: i64, revision: i64) -> Result<(), RegistryError> {
+        self.write(|tx| {
+            let changed = tx
+                .prepare_cached("UPDATE service SET config_revision = ?1 WHERE id = ?2")?
+                .execute(params![revision, key])?;
+            expect_changed(changed, 1)
+        })
+    }
+
+    fn mark_stale(&mut self, keys: &[i64]) -> Result<(), RegistryError> {
+        self.write(|tx| {
+            let mut stmt = tx.prepare_cached("UPDATE service SET state = 'stale' WHERE id = ?1")?;
+            for &key in keys {
+                expect_changed(stmt.execute(params![key])?, 1)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn probe(&mut self) -> Result<(), RegistryError> {
+        self.write(|tx| {
+            tx.prepare_cached(
+                "INSERT INTO ccfleet_health (id, probed_at) VALUES (1, ?1) \
+                 ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
+            )?
+            .execute(params![unix_seconds()])?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::registry::Registry;
+
+    #[tokio::test]
+    async fn large_batches_with_mixed_times_are_written_row_by_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.sqlite");
+        let r = Registry::open(Some(&path)).unwrap();
+        let mut ids = Vec::new();
+        for i in 0..700 {
+            let reg = Registration {
+                scope: Scope::Cluster,
+                cluster: "c".into(),
+                hostname: format!("h{i}"),
+                service_type: ServiceType::MetricCollector,
+                meta: BTreeMap::new(),
+            };
+            ids.push(parse_instance_id(&r.register(reg).await.unwrap().instance_id).unwrap());
+        }
+        // 600 share a second (two full multi-row chunks and a remainder), 100 another.
+        let beats: Vec<(u128, i64)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (*id, if i < 600 { 100 } else { 200 }))
+            .collect();
+        let outcome = r.heartbeat_batch(beats).await.unwrap();
+        assert_eq!(outcome.activated, 700);
+        assert!(outcome.applied.iter().all(|a| *a));
+        assert_eq!(r.counts().active, 700);
+        let conn = Connection::open(&path).unwrap();
+        let count = |sql: &str| -> i64 { conn.query_row(sql, [], |row| row.get(0)).unwrap() };
+        assert_eq!(
+            count("SELECT count(*) FROM service WHERE state = 'active' AND last_heartbeat = 100"),
+            600
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM service WHERE state = 'active' AND last_heartbeat = 200"),
+            100
+        );
+    }
+
+    #[test]
+    fn sqlite_errors_keep_their_kind_and_source() {
+        let store = SqliteStore::open(None).unwrap();
+        let e: RegistryError = store
+            .connection()
+            .execute(
+                "INSERT INTO ccfleet_health (id, probed_at) VALUES (2, 0)",
+                [],
+            )
+            .unwrap_err()
+            .into();
+        assert_eq!(e.kind(), RegistryErrorKind::Conflict);
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(e.to_string().starts_with("fleet registry: "), "{e}");
+    }
+}
