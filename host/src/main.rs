@@ -1,5 +1,7 @@
 //! The `ccfleet` command line.
 
+use std::process::ExitCode;
+
 use clap::Parser;
 
 mod cli {
@@ -29,7 +31,7 @@ enum Command {
     Decode(cli::decode::DecodeArgs),
     /// List the instances a service-discovery provider sees (once, or as they change).
     Discover(cli::discover::Args),
-    /// Tools for plugin components (componentize, check).
+    /// Plugin tools: new, build, run (one plugin, no fleet), componentize, check.
     Plugin(cli::plugin::Args),
     /// Run a cc-backend-compatible fleet server.
     Server(cli::server::ServerArgs),
@@ -40,7 +42,7 @@ enum Command {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     // The demo narrates on stdout; its logs would only repeat the story.
     let default_filter = match cli.command {
@@ -57,20 +59,21 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    let ok = |()| ExitCode::SUCCESS;
     match cli.command {
-        Command::Agent(args) => cli::agent::run(args).await,
-        Command::Demo(args) => cli::demo::run(args).await,
+        Command::Agent(args) => cli::agent::run(args).await.map(ok),
+        Command::Demo(args) => cli::demo::run(args).await.map(ok),
         Command::Decode(args) => {
             if cli::decode::run(args)? {
                 // Some line was bad: the output says which; the status tells scripts.
                 std::process::exit(1);
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
-        Command::Discover(args) => cli::discover::run(args).await,
+        Command::Discover(args) => cli::discover::run(args).await.map(ok),
         Command::Plugin(args) => cli::plugin::run(args).await,
-        Command::Server(args) => cli::server::run_server(args).await,
-        Command::Keygen(args) => cli::server::run_keygen(args),
-        Command::Token(args) => cli::server::run_token(args),
+        Command::Server(args) => cli::server::run_server(args).await.map(ok),
+        Command::Keygen(args) => cli::server::run_keygen(args).map(ok),
+        Command::Token(args) => cli::server::run_token(args).map(ok),
     }
 }
