@@ -102,8 +102,9 @@ fn a_first_plugin_takes_four_commands_new_edit_build_run_outside_the_repository(
         assert!(line.starts_with(&prefix), "{line}");
     }
     let stderr = text(&output.stderr);
+    // The log escapes what a plugin writes (quotes included).
     assert!(
-        stderr.contains(r#"hello ready, configuration {"greeting":"hi"}"#),
+        stderr.contains(r#"hello ready, configuration {\"greeting\":\"hi\"}"#),
         "{stderr}"
     );
 }
