@@ -246,8 +246,11 @@ mod tests {
                 PathBuf::from("/var/cache/ccfleet/components.key"),
             ]
         );
-        // Unset or empty: nothing to add.
-        assert_eq!(config.secret_files(Some("".into()), None), [path]);
+        // An unset or empty token file and no cache: nothing of theirs.
+        assert_eq!(
+            config.secret_files(Some("".into()), None),
+            [path, PathBuf::from("/etc/cc/nats.creds")]
+        );
     }
 
     #[test]
