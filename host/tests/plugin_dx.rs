@@ -110,6 +110,48 @@ fn a_first_plugin_takes_four_commands_new_edit_build_run_outside_the_repository(
 }
 
 #[test]
+fn a_std_plugin_scaffold_builds_for_wasi_runs_with_wasi_granted_and_logs_its_panics() {
+    let home = tempfile::tempdir().unwrap();
+    let crate_dir = home.path().join("std-hello");
+    let output = run(ccfleet().args(["plugin", "new", "--std"]).arg(&crate_dir));
+    assert!(output.status.success());
+    // The second collect panics: std's panic hook (installed by the SDK) logs it.
+    let lib = crate_dir.join("src/lib.rs");
+    let source = std::fs::read_to_string(&lib).unwrap();
+    let edited = source.replace(
+        "self.collections += 1;",
+        "self.collections += 1;\n        assert!(self.collections < 2, \"std boom {}\", self.collections);",
+    );
+    assert_ne!(edited, source, "the template changed: adapt the edit");
+    std::fs::write(&lib, edited).unwrap();
+    let built = plugin_build(&crate_dir);
+    assert_eq!(built.len(), 1, "{built:?}");
+    let output = run(ccfleet().args(["plugin", "run"]).arg(&built[0]));
+    assert!(!output.status.success(), "a std plugin needs WASI granted");
+    assert!(
+        text(&output.stderr).contains("--wasi"),
+        "{}",
+        text(&output.stderr)
+    );
+    let output = run(ccfleet()
+        .args([
+            "plugin",
+            "run",
+            "--wasi",
+            "--collect",
+            "2",
+            "--interval",
+            "1ms",
+        ])
+        .arg(&built[0]));
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output.stdout).starts_with("std-hello_collections,type=node value=1u "));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("panicked at src/lib.rs:"), "{stderr}");
+    assert!(stderr.contains("std boom 2"), "{stderr}");
+}
+
+#[test]
 fn plugin_new_refuses_an_existing_directory_and_a_bad_name() {
     let home = tempfile::tempdir().unwrap();
     std::fs::create_dir(home.path().join("taken")).unwrap();

@@ -86,10 +86,20 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     spec.capabilities.read_files = args.read;
     spec.capabilities.files_root = args.files_root;
     spec.capabilities.wasi = args.wasi;
-    let loaded = runtime
-        .load(&spec)
-        .await
-        .with_context(|| format!("loading {}", args.file.display()))?;
+    let loaded = match runtime.load(&spec).await {
+        Ok(loaded) => loaded,
+        Err(error @ ccfleet_host::HostError::WasiNotGranted { .. }) => {
+            return Err(anyhow::Error::new(error).context(format!(
+                "loading {} (grant WASI with --wasi)",
+                args.file.display()
+            )));
+        }
+        Err(error) => {
+            return Err(
+                anyhow::Error::new(error).context(format!("loading {}", args.file.display()))
+            );
+        }
+    };
     let (sink, mut batches) = sink::channel(1024);
     let mut instance = match loaded.instantiate(&runtime, &spec, sink).await {
         Ok(instance) => instance,
