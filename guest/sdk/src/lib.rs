@@ -8,8 +8,10 @@
 //! [`list_dir`].
 //!
 //! The crate is `#![no_std]` (it needs `alloc`). A `no_std` plugin enables the `rt` feature,
-//! which supplies a global allocator and a panic handler that traps; a plugin that links
-//! `std` leaves it off.
+//! which supplies a global allocator and a panic handler; a plugin that links `std` enables
+//! the `std` feature instead, which installs a panic hook. Either way a panic writes its
+//! message and location to the agent's log (level error) before the instance traps, so the
+//! log says `panicked at src/lib.rs:12:9: …` rather than only "unreachable executed".
 //!
 //! ```ignore
 //! use ccfleet_guest::{Plugin, ConfigUpdate, Level};
@@ -32,6 +34,13 @@
 #![warn(missing_docs)]
 
 extern crate alloc;
+#[cfg(feature = "std")]
+extern crate std;
+
+#[cfg(all(feature = "rt", feature = "std"))]
+compile_error!("ccfleet-guest: enable `rt` (no_std plugins) or `std` (plugins linking std), not both");
+
+mod panic;
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -40,7 +49,8 @@ use alloc::vec::Vec;
 #[allow(missing_docs, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        // The SDK carries its WIT (`wit/`), so a plugin crate outside this repository builds.
+        path: "wit",
         world: "fleet-plugin",
         pub_export_macro: true,
         export_macro_name: "__export_plugin_world",
@@ -181,6 +191,19 @@ pub mod __private {
     pub use alloc::string::String;
     pub use alloc::vec::Vec;
 
+    /// Makes panics reach the agent's log (with the `std` feature; the `rt` feature's panic
+    /// handler does it for no_std plugins). Called by [`crate::export_plugin!`] before
+    /// `init`.
+    pub fn install_panic_hook() {
+        #[cfg(feature = "std")]
+        {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                std::panic::set_hook(alloc::boxed::Box::new(|info| crate::panic::report(info)))
+            });
+        }
+    }
+
     /// Formats arguments into a `String` (for [`crate::log!`]).
     pub fn format(args: core::fmt::Arguments<'_>) -> String {
         alloc::fmt::format(args)
@@ -236,6 +259,7 @@ macro_rules! export_plugin {
                 fn init(
                     config: $crate::__private::String,
                 ) -> ::core::result::Result<(), $crate::__private::String> {
+                    $crate::__private::install_panic_hook();
                     PLUGIN.init(&config)
                 }
 
@@ -272,9 +296,11 @@ mod rt {
     #[global_allocator]
     static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
-    // A panic in a plugin traps its instance; the host restarts it from a fresh store.
+    // A panic in a plugin traps its instance (the host restarts it from a fresh store), after
+    // telling the host why.
     #[panic_handler]
-    fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
+    fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
+        crate::panic::report(info);
         core::arch::wasm32::unreachable()
     }
 }

@@ -62,6 +62,10 @@ pub struct AgentConfig {
     /// The plugins.
     #[serde(default)]
     pub plugins: Vec<PluginSpec>,
+    /// The file this configuration was read from (set by [`AgentConfig::load`]); it may hold
+    /// the token, so plugins may not read it.
+    #[serde(skip)]
+    pub path: Option<PathBuf>,
     /// How long shutdown may take after SIGTERM or SIGINT, whatever NATS, cc-backend or the
     /// plugins do; what has not finished by then is abandoned.
     #[serde(default = "default_shutdown_timeout", with = "serde_go")]
@@ -166,7 +170,35 @@ impl AgentConfig {
             source,
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        AgentConfig::from_json(&text, base)
+        let mut config = AgentConfig::from_json(&text, base)?;
+        config.path = Some(path.to_path_buf());
+        Ok(config)
+    }
+
+    /// The files holding the agent's secrets, which no plugin may read whatever its grant:
+    /// this configuration file, the token file (`token_file`: the value of
+    /// `CC_FLEET_TOKEN_FILE`), the NATS credentials file and the compile cache's key
+    /// (`<cache dir>.key`, beside `cache_dir`).
+    pub fn secret_files(
+        &self,
+        token_file: Option<std::ffi::OsString>,
+        cache_dir: Option<&Path>,
+    ) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = self.path.iter().cloned().collect();
+        if let Some(token) = token_file.filter(|v| !v.is_empty()) {
+            files.push(PathBuf::from(token));
+        }
+        if let Some(nats) = &self.nats
+            && !nats.creds_file_path.is_empty()
+        {
+            files.push(PathBuf::from(&nats.creds_file_path));
+        }
+        if let Some(dir) = cache_dir {
+            let mut key = dir.as_os_str().to_owned();
+            key.push(".key");
+            files.push(PathBuf::from(key));
+        }
+        files
     }
 }
 
@@ -225,6 +257,37 @@ pub enum SinkKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_secret_files_are_the_config_token_credentials_and_cache_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.json");
+        std::fs::write(
+            &path,
+            r#"{"fleet":{"url":"http://h:8080"},
+                "nats":{"address":"nats://n:4222","creds-file-path":"/etc/cc/nats.creds"}}"#,
+        )
+        .unwrap();
+        let config = AgentConfig::load(&path).unwrap();
+        let files = config.secret_files(
+            Some("/run/secrets/fleet.token".into()),
+            Some(Path::new("/var/cache/ccfleet/components")),
+        );
+        assert_eq!(
+            files,
+            [
+                path.clone(),
+                PathBuf::from("/run/secrets/fleet.token"),
+                PathBuf::from("/etc/cc/nats.creds"),
+                PathBuf::from("/var/cache/ccfleet/components.key"),
+            ]
+        );
+        // An unset or empty token file and no cache: nothing of theirs.
+        assert_eq!(
+            config.secret_files(Some("".into()), None),
+            [path, PathBuf::from("/etc/cc/nats.creds")]
+        );
+    }
 
     #[test]
     fn parses_a_full_configuration() {

@@ -142,11 +142,16 @@ pub struct RunningAgent {
 impl Agent {
     /// Checks the configuration and sets up the plugin runtime; no network I/O.
     pub fn new(config: AgentConfig) -> Result<Agent, AgentError> {
+        let cache_dir = config
+            .plugin_cache_dir
+            .clone()
+            .or_else(crate::plugin::default_cache_dir);
         let runtime = Runtime::new(RuntimeOptions {
-            cache_dir: config
-                .plugin_cache_dir
-                .clone()
-                .or_else(crate::plugin::default_cache_dir),
+            secret_files: config.secret_files(
+                std::env::var_os(ccfleet::client::config::ENV_TOKEN_FILE),
+                cache_dir.as_deref(),
+            ),
+            cache_dir,
             watch_interval: config.plugin_watch_interval,
             ..RuntimeOptions::default()
         })?;

@@ -97,7 +97,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Discover(args) => discover::run(args).await.map(ok),
-        Command::Plugin(args) => plugin::run(args).await.map(ok),
+        Command::Plugin(args) => plugin::run(args).await,
         Command::Server(args) => server::run(args).await,
         Command::Keygen(args) => keygen::run(args),
         Command::Token(args) => token::run(args),

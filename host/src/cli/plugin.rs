@@ -1,6 +1,14 @@
-//! `ccfleet plugin`: tools for plugin components.
+//! `ccfleet plugin`: tools for plugin components and their authors.
+//!
+//! A first plugin in four commands: `ccfleet plugin new hello`, edit `hello/src/lib.rs`,
+//! `ccfleet plugin build hello`, `ccfleet plugin run hello/target/components/hello.wasm`.
+
+mod build;
+mod new;
+mod run;
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use ccfleet_host::{PluginSpec, Runtime, RuntimeOptions};
@@ -14,6 +22,13 @@ pub struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
+    /// Creates a plugin crate (with the SDK beside it) that builds outside this repository.
+    New(new::Args),
+    /// Builds every plugin crate of a workspace (or one crate) into components.
+    Build(build::Args),
+    /// Runs one plugin without a fleet: prints what it emits (line protocol) and logs, and
+    /// exits with 1 when the plugin fails.
+    Run(run::Args),
     /// Turns a core module built with wit-bindgen into a component (adding the WASI
     /// preview 1 adapter when the module imports WASI); a component is copied unchanged.
     Componentize {
@@ -33,11 +48,14 @@ enum Command {
 }
 
 /// Runs `ccfleet plugin`.
-pub async fn run(args: Args) -> anyhow::Result<()> {
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
+        Command::New(args) => new::run(args),
+        Command::Build(args) => build::run(args),
+        Command::Run(args) => run::run(args).await,
         Command::Componentize { input, output } => {
             ccfleet_host::componentize::componentize_file(&input, &output)?;
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Check { path, wasi } => {
             let runtime = Runtime::new(RuntimeOptions {
@@ -51,7 +69,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("checking {}", path.display()))?;
             println!("{}: ok (sha256 {})", path.display(), loaded.hash);
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

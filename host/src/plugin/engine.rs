@@ -36,6 +36,10 @@ pub struct RuntimeOptions {
     pub watch_interval: Duration,
     /// Capacity of the event broadcast channel.
     pub event_capacity: usize,
+    /// Host files and directories that hold the embedding program's own secrets (the
+    /// agent's token file, NATS credentials, configuration, compile-cache key): refused to
+    /// every plugin through `cc:fleet/files`, whatever its `read-files` grant.
+    pub secret_files: Vec<PathBuf>,
 }
 
 impl Default for RuntimeOptions {
@@ -45,6 +49,7 @@ impl Default for RuntimeOptions {
             epoch_tick: Duration::from_millis(10),
             watch_interval: Duration::from_secs(2),
             event_capacity: 1024,
+            secret_files: Vec::new(),
         }
     }
 }
@@ -71,6 +76,7 @@ struct Inner {
     cache: ComponentCache,
     events: EventSender,
     options: RuntimeOptions,
+    secrets: Arc<[PathBuf]>,
 }
 
 /// A compiled, type-checked plugin, ready to be instantiated any number of times.
@@ -122,6 +128,7 @@ impl Runtime {
 
         let cache = ComponentCache::new(&engine, options.cache_dir.clone());
         let (events, _) = broadcast::channel(options.event_capacity.max(16));
+        let secrets = Arc::from(options.secret_files.clone());
         Ok(Runtime {
             inner: Arc::new(Inner {
                 engine,
@@ -130,6 +137,7 @@ impl Runtime {
                 cache,
                 events,
                 options,
+                secrets,
             }),
         })
     }
@@ -241,6 +249,7 @@ impl Runtime {
                 plugin: plugin.to_string(),
                 reason,
             })?
+            .with_secrets(self.inner.secrets.clone())
         };
         let wasi = if spec.capabilities.wasi {
             let mut builder = WasiCtx::builder();

@@ -17,6 +17,10 @@
 //! - the resolved file is opened without following links, without blocking, and the opened
 //!   descriptor is checked to be that very file (a link swapped in between is caught) and a
 //!   regular file (or a directory, for listing);
+//! - the files the agent keeps its own secrets in (token file, NATS credentials, its
+//!   configuration, the compile cache's key: [`crate::RuntimeOptions::secret_files`]) are
+//!   refused whatever the grant, matched by resolved path and by inode (a hard link is
+//!   caught), and so is everything below a secret directory;
 //! - at most `limits.max-file-bytes` bytes are returned.
 //!
 //! `capabilities.files-root` (default `/`) puts the whole view under another directory, for
@@ -25,8 +29,9 @@
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use ccfleet::untrusted::Untrusted;
 
@@ -200,6 +205,7 @@ pub struct FileGrants {
     patterns: Vec<Pattern>,
     root: PathBuf,
     max_bytes: usize,
+    secrets: Arc<[PathBuf]>,
 }
 
 /// What an opened path must be.
@@ -236,6 +242,25 @@ impl FileGrants {
             patterns,
             root,
             max_bytes,
+            secrets: Arc::from(Vec::new()),
+        })
+    }
+
+    /// Refuses `secrets` (host paths, files or directories) whatever the grant.
+    pub fn with_secrets(mut self, secrets: Arc<[PathBuf]>) -> FileGrants {
+        self.secrets = secrets;
+        self
+    }
+
+    /// Whether the opened file (resolved to `real`) is one of the agent's secrets: the same
+    /// path, below a secret directory, or the same inode. Secrets are looked up at each read,
+    /// since a token file may be replaced (and may not exist yet when the agent starts).
+    fn is_secret(&self, real: &Path, opened: &std::fs::Metadata) -> bool {
+        self.secrets.iter().any(|secret| {
+            let resolved = std::fs::canonicalize(secret).unwrap_or_else(|_| secret.clone());
+            real.starts_with(&resolved)
+                || std::fs::metadata(secret)
+                    .is_ok_and(|m| m.dev() == opened.dev() && m.ino() == opened.ino())
         })
     }
 
@@ -245,6 +270,7 @@ impl FileGrants {
             patterns: Vec::new(),
             root: PathBuf::from("/"),
             max_bytes: 0,
+            secrets: Arc::from(Vec::new()),
         }
     }
 
@@ -361,6 +387,11 @@ impl FileGrants {
             Err(e) => return Err(fail(&format_args!("cannot verify the opened file: {e}"))),
         }
         let meta = file.metadata().map_err(|e| fail(&e))?;
+        if self.is_secret(&real, &meta) {
+            return Err(fail(
+                &"holds the agent's own secrets and is never readable by plugins",
+            ));
+        }
         match kind {
             Kind::File if !meta.is_file() => Err(fail(&"is not a regular file")),
             Kind::Dir if !meta.is_dir() => Err(fail(&"is not a directory")),
