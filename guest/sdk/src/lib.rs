@@ -38,7 +38,9 @@ extern crate alloc;
 extern crate std;
 
 #[cfg(all(feature = "rt", feature = "std"))]
-compile_error!("ccfleet-guest: enable `rt` (no_std plugins) or `std` (plugins linking std), not both");
+compile_error!(
+    "ccfleet-guest: enable `rt` (no_std plugins) or `std` (plugins linking std), not both"
+);
 
 mod panic;
 
