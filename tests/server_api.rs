@@ -338,6 +338,16 @@ async fn no_config_answers_204_without_etag() {
     server.shutdown().await.unwrap();
 }
 
+async fn metrics_text(client: &reqwest::Client, server: &ccfleet::server::RunningServer) -> String {
+    let response = client
+        .get(format!("{}/metrics", server.base_url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.text().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_roles_and_allowlist() {
     let keys = Keypair::generate();
@@ -405,6 +415,15 @@ async fn tokens_roles_and_allowlist() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
+    // Every refusal is counted by its reason, so an operator sees a misconfigured fleet.
+    let metrics = metrics_text(&client, &server).await;
+    for line in [
+        "ccfleet_api_refused_total{reason=\"token\"} 4\n",
+        "ccfleet_api_refused_total{reason=\"role\"} 4\n",
+        "ccfleet_api_refused_total{reason=\"allowlist\"} 0\n",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
     server.shutdown().await.unwrap();
 
     // A list that excludes the loopback peer: proxy headers from it are not believed, as
@@ -427,6 +446,11 @@ async fn tokens_roles_and_allowlist() {
     assert_eq!(
         send(Some(("X-Forwarded-For", "10.1.1.1, 192.168.0.1"))).await,
         401
+    );
+    let metrics = metrics_text(&client, &server).await;
+    assert!(
+        metrics.contains("ccfleet_api_refused_total{reason=\"allowlist\"} 3\n"),
+        "{metrics}"
     );
     server.shutdown().await.unwrap();
 

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -265,26 +266,31 @@ async fn authorize(
             .get("sec-fetch-site")
             .is_some_and(|v| v.as_bytes() == b"cross-site")
     {
+        Metrics::add(&state.metrics.refused_cross_site, 1);
+        tracing::debug!("fleet: refused cross-site API request from {peer}");
         return error(StatusCode::FORBIDDEN, "cross-site request rejected");
     }
-    let unauthorized = |e: auth::AuthError| {
+    let unauthorized = |counter: &AtomicU64, e: auth::AuthError| {
+        Metrics::add(counter, 1);
         tracing::debug!("fleet: rejected API request from {peer}: {e}");
         ApiError::Unauthorized(e).into_response()
     };
+    let metrics = &state.metrics;
     if !state.allowlist.allows(request.headers(), peer) {
-        return unauthorized(auth::AuthError::IpNotAllowed);
+        return unauthorized(&metrics.refused_allowlist, auth::AuthError::IpNotAllowed);
     }
     if let Some(verifier) = &state.verifier {
         let Some(token) = auth::token_from_headers(request.headers()) else {
-            return unauthorized(auth::AuthError::MissingToken);
+            return unauthorized(&metrics.refused_token, auth::AuthError::MissingToken);
         };
         match verifier.verify(token) {
             Ok(claims) if auth::roles_grant_api(&claims.roles) => {}
             Ok(_) => {
+                Metrics::add(&metrics.refused_role, 1);
                 tracing::debug!("fleet: refused API request from {peer}: missing role: api");
                 return ApiError::Forbidden("missing role: api").into_response();
             }
-            Err(e) => return unauthorized(e),
+            Err(e) => return unauthorized(&metrics.refused_token, e),
         }
     }
     next.run(request).await

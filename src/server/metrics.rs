@@ -50,6 +50,14 @@ pub struct Metrics {
     pub http_header_timeouts: AtomicU64,
     /// HTTP connections open now (a gauge).
     pub http_connections: AtomicU64,
+    /// API requests refused because the client is outside `api-allowed-ips`.
+    pub refused_allowlist: AtomicU64,
+    /// API requests refused for a missing or invalid token (401).
+    pub refused_token: AtomicU64,
+    /// API requests refused for a valid token without the `api` role (403).
+    pub refused_role: AtomicU64,
+    /// State-changing API requests refused as cross-site (403).
+    pub refused_cross_site: AtomicU64,
 }
 
 /// A consistent-enough copy of the heartbeat counters.
@@ -205,12 +213,22 @@ impl Metrics {
         );
         let _ = write!(
             out,
-            "# HELP ccfleet_http_header_timeouts_total HTTP connections closed because request headers did not arrive in time.\n\
+            "# HELP ccfleet_api_refused_total API requests refused before reaching a handler, by reason.\n\
+             # TYPE ccfleet_api_refused_total counter\n\
+             ccfleet_api_refused_total{{reason=\"allowlist\"}} {}\n\
+             ccfleet_api_refused_total{{reason=\"token\"}} {}\n\
+             ccfleet_api_refused_total{{reason=\"role\"}} {}\n\
+             ccfleet_api_refused_total{{reason=\"cross-site\"}} {}\n\
+             # HELP ccfleet_http_header_timeouts_total HTTP connections closed because request headers did not arrive in time.\n\
              # TYPE ccfleet_http_header_timeouts_total counter\n\
              ccfleet_http_header_timeouts_total {}\n\
              # HELP ccfleet_http_connections HTTP connections open.\n\
              # TYPE ccfleet_http_connections gauge\n\
              ccfleet_http_connections {}\n",
+            get(&self.refused_allowlist),
+            get(&self.refused_token),
+            get(&self.refused_role),
+            get(&self.refused_cross_site),
             get(&self.http_header_timeouts),
             get(&self.http_connections),
         );
