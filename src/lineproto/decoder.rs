@@ -169,6 +169,9 @@ impl<'a> Decoder<'a> {
     fn fail(&mut self, start: usize, failure: Failure) -> DecodeError {
         let buf = self.buf;
         let at = failure.at.min(buf.len());
+        // A failure may lie before `start` (inside the line's leading spaces, where the Go
+        // decoder reads a line again from): count from the earlier of the two.
+        let start = start.min(at);
         let before = &buf[start..at];
         let column_base = memchr::memrchr(b'\n', before).map_or(start, |i| start + i + 1);
         let error = DecodeError {
