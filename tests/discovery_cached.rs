@@ -13,6 +13,10 @@ use ccfleet::discovery::{
     CACHE_REFRESH_INTERVAL, Cached, Discoverer, DiscoveryError, Instance, Merged, Static,
 };
 
+#[path = "support/logs.rs"]
+mod logs;
+use logs::Logs;
+
 /// Generous bound for anything that should happen promptly; never a performance assertion.
 const PROMPTLY: Duration = Duration::from_secs(5);
 
@@ -520,47 +524,6 @@ async fn merged_caches_report_not_yet_synced_until_both_refreshed() {
     assert!(matches!(err, DiscoveryError::Fallback(_)) && err.is_not_yet_synced());
     fallback.refresh().await.unwrap();
     assert_eq!(merged.list_instances().await.unwrap().len(), 2);
-}
-
-/// Log lines written while the returned guard lives (this thread only, which is where a
-/// current-thread test runtime runs every task).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
-        let logs = Logs::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(logs.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        (logs.clone(), tracing::subscriber::set_default(subscriber))
-    }
-
-    fn lines(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
 }
 
 #[tokio::test]

@@ -22,6 +22,10 @@ use ccfleet::discovery::{
 };
 use serde_json::{Value, json};
 
+#[path = "support/logs.rs"]
+mod logs;
+use logs::Logs;
+
 const NAMESPACE: &str = "fleet";
 const SELECTOR: &str = "app.kubernetes.io/name=cc-metric-store,tier!=canary";
 const GOOGLE_TOKEN: &str = "ya29.test-access-token";
@@ -253,47 +257,6 @@ fn lister(addr: SocketAddr, port: u16, prefer_host_ip: bool) -> KubernetesPods {
         port,
         prefer_host_ip,
     )
-}
-
-/// Log lines written while the returned guard lives (this thread only, which is where a
-/// current-thread test runtime runs every task).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
-        let logs = Logs::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(logs.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        (logs.clone(), tracing::subscriber::set_default(subscriber))
-    }
-
-    fn lines(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
 }
 
 #[tokio::test]
