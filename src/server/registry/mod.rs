@@ -473,12 +473,8 @@ impl Registry {
                 let mut activated = 0;
                 for (key, at) in writes {
                     index.written(key, at);
-                    if let Some(service) = index.get_mut(key) {
-                        if service.state != State::Active {
-                            activated += 1;
-                        }
-                        service.state = State::Active;
-                        service.last_heartbeat = service.last_heartbeat.max(Some(at));
+                    if index.activated(key, at) {
+                        activated += 1;
                     }
                 }
                 Ok(activated)
@@ -531,14 +527,12 @@ impl Registry {
             return Ok(false);
         };
         self.with_store(move |shared, store| {
-            let key = match shared.index().get(instance) {
-                Some((key, s)) if s.state != State::Deregistered => key,
+            let key = match shared.index().state_of(instance) {
+                Some((key, state)) if state != State::Deregistered => key,
                 _ => return Ok(false),
             };
             shared.writes.record(store.deregister(key))?;
-            if let Some(service) = shared.index_mut().get_mut(key) {
-                service.state = State::Deregistered;
-            }
+            shared.index_mut().set_state(key, State::Deregistered);
             Ok(true)
         })
         .await
@@ -547,7 +541,7 @@ impl Registry {
     /// The service behind an instance id, from the index (no store access).
     pub fn lookup(&self, instance_id: &str) -> Option<Service> {
         let instance = parse_instance_id(instance_id)?;
-        self.index().get(instance).map(|(_, s)| s.clone())
+        self.index().get(instance).map(|(_, s)| s)
     }
 
     /// Records the config revision an instance was served.
@@ -556,13 +550,11 @@ impl Registry {
             return Ok(());
         };
         self.with_store(move |shared, store| {
-            let Some((key, _)) = shared.index().get(instance) else {
+            let Some((key, _)) = shared.index().state_of(instance) else {
                 return Ok(());
             };
             shared.writes.record(store.acknowledge(key, revision))?;
-            if let Some(service) = shared.index_mut().get_mut(key) {
-                service.config_revision = revision;
-            }
+            shared.index_mut().set_config_revision(key, revision);
             Ok(())
         })
         .await
@@ -579,9 +571,7 @@ impl Registry {
             shared.writes.record(store.mark_stale(&keys))?;
             let mut index = shared.index_mut();
             for &key in &keys {
-                if let Some(service) = index.get_mut(key) {
-                    service.state = State::Stale;
-                }
+                index.set_state(key, State::Stale);
             }
             Ok(keys.len())
         })
@@ -590,7 +580,7 @@ impl Registry {
 
     /// Every `active` service, ordered by cluster, then host name.
     pub fn active(&self) -> Vec<Service> {
-        let mut active: Vec<Service> = self.index().with_state(State::Active).cloned().collect();
+        let mut active: Vec<Service> = self.index().with_state(State::Active).collect();
         active.sort_by(|a, b| {
             (&a.cluster, &a.hostname, a.service_type.code()).cmp(&(
                 &b.cluster,
@@ -687,8 +677,7 @@ fn commit_group(shared: &Shared, store: &mut dyn RegistryStore, group: Vec<Waiti
             {
                 // A last-seen time not yet written behind is newer than the store's.
                 let last_heartbeat = index
-                    .get_mut(upserted.key)
-                    .and_then(|s| s.last_heartbeat)
+                    .last_heartbeat(upserted.key)
                     .max(upserted.last_heartbeat);
                 index.insert(
                     upserted.key,
