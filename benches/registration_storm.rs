@@ -306,7 +306,11 @@ async fn storm(total: usize, concurrency: usize, random: bool, auth: bool) {
     println!(
         "registration storm: {total} registrations, {concurrency} concurrent connections, {} host names, authentication {}",
         if random { "random" } else { "sequential" },
-        if auth { "on (one Ed25519 token)" } else { "off" }
+        if auth {
+            "on (one Ed25519 token)"
+        } else {
+            "off"
+        }
     );
     let next = Arc::new(AtomicU64::new(0));
     let written_before = written_bytes();

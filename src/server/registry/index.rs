@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use super::{Service, State, StateCounts, StoredService};
+use super::{Service, State, StateCounts};
 use crate::wire::{Scope, ServiceType};
 
 /// What a heartbeat means for an instance.
@@ -62,7 +62,10 @@ struct Slot {
 
 /// `text` of a slot: the host name and the meta data.
 fn encode_text(hostname: &str, meta: &BTreeMap<String, String>) -> Box<[u8]> {
-    let len = meta.iter().map(|(k, v)| 8 + k.len() + v.len()).sum::<usize>();
+    let len = meta
+        .iter()
+        .map(|(k, v)| 8 + k.len() + v.len())
+        .sum::<usize>();
     let mut text = Vec::with_capacity(hostname.len() + len);
     text.extend_from_slice(hostname.as_bytes());
     for (key, value) in meta {
@@ -189,7 +192,8 @@ impl Default for Index {
 
 impl Index {
     /// An index of what a store loaded.
-    pub(super) fn from_stored(stored: Vec<StoredService>) -> Index {
+    #[cfg(test)]
+    pub(super) fn from_stored(stored: Vec<super::StoredService>) -> Index {
         let mut index = Index::default();
         index.slots.reserve_exact(stored.len());
         index.by_instance.reserve(stored.len());
@@ -197,6 +201,12 @@ impl Index {
             index.insert(s.key, s.instance, s.service);
         }
         index
+    }
+
+    /// Gives back the spare capacity left by growing while services were loaded.
+    pub(super) fn loaded(&mut self) {
+        self.slots.shrink_to_fit();
+        self.by_key.dense.shrink_to_fit();
     }
 
     fn intern(&mut self, cluster: &str) -> u32 {
@@ -456,7 +466,11 @@ mod tests {
 
     #[test]
     fn a_slot_stays_small() {
-        assert!(std::mem::size_of::<Slot>() <= 80, "{}", std::mem::size_of::<Slot>());
+        assert!(
+            std::mem::size_of::<Slot>() <= 80,
+            "{}",
+            std::mem::size_of::<Slot>()
+        );
     }
 
     #[test]

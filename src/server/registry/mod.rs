@@ -215,6 +215,17 @@ pub trait RegistryStore: Send {
     /// Every stored service.
     fn load(&mut self) -> Result<Vec<StoredService>, RegistryError>;
 
+    /// Hands every stored service to `each`, one at a time, and returns how many. The
+    /// default collects [`load`](RegistryStore::load); a store with many services can
+    /// stream them instead, so that starting a server never holds every row twice (once
+    /// as loaded, once in the index) and the memory of the rows is reused row by row.
+    fn load_each(&mut self, each: &mut dyn FnMut(StoredService)) -> Result<usize, RegistryError> {
+        let stored = self.load()?;
+        let count = stored.len();
+        stored.into_iter().for_each(each);
+        Ok(count)
+    }
+
     /// Upserts each `(registration, instance id)` on (cluster, hostname, type) with state
     /// `pending` and `registered_at = now`; the last heartbeat and acknowledged revision
     /// survive. All or nothing: the batch is one durable write (a group commit), answered
@@ -363,7 +374,9 @@ impl Registry {
 
     /// A registry over `store`, with the index loaded from it. Blocking.
     pub fn new(mut store: impl RegistryStore + 'static) -> Result<Registry, RegistryError> {
-        let index = Index::from_stored(store.load()?);
+        let mut index = Index::default();
+        store.load_each(&mut |s| index.insert(s.key, s.instance, s.service))?;
+        index.loaded();
         Ok(Registry {
             shared: Arc::new(Shared {
                 store: Mutex::new(Box::new(store)),
