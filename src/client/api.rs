@@ -69,8 +69,10 @@ impl Inner {
             meta_data: self.meta.clone(),
         };
         let path = format!("/api/fleet/register/{}/", identity.scope.as_str());
-        let request = self.http.request(Method::POST, &path).json(&body);
-        let response = self.http.send(Op::Register, request).await?;
+        let response = self
+            .http
+            .send(Op::Register, Method::POST, &path, |r| r.json(&body))
+            .await?;
         if response.status() != StatusCode::CREATED {
             return Err(status_error(Op::Register, response).await);
         }
@@ -119,17 +121,24 @@ impl Inner {
             let id = state.instance_id.clone().ok_or(Error::NotRegistered)?;
             (id, state.etag.clone())
         };
-        let mut request = self
-            .http
-            .request(Method::GET, &format!("/api/fleet/config/{id}"));
         // Sent verbatim, quotes included; an ETag that cannot be a header is not sent at all.
-        if let Some(value) = (!etag.is_empty())
+        // The same ETag goes to whichever server answers: one sharing the registry and the
+        // configuration tree answers 304.
+        let if_none_match = (!etag.is_empty())
             .then(|| HeaderValue::from_str(&etag).ok())
-            .flatten()
-        {
-            request = request.header(IF_NONE_MATCH, value);
-        }
-        let response = self.http.send(Op::Config, request).await?;
+            .flatten();
+        let response = self
+            .http
+            .send(
+                Op::Config,
+                Method::GET,
+                &format!("/api/fleet/config/{id}"),
+                |r| match &if_none_match {
+                    Some(value) => r.header(IF_NONE_MATCH, value.clone()),
+                    None => r,
+                },
+            )
+            .await?;
         match response.status() {
             StatusCode::OK => self.accept_config(response).await,
             StatusCode::NOT_MODIFIED => {
@@ -220,10 +229,15 @@ impl Inner {
                 }
             }
         }
-        let request = self
+        let response = self
             .http
-            .request(Method::POST, &format!("/api/fleet/heartbeat/{id}"));
-        let response = self.http.send(Op::Heartbeat, request).await?;
+            .send(
+                Op::Heartbeat,
+                Method::POST,
+                &format!("/api/fleet/heartbeat/{id}"),
+                |r| r,
+            )
+            .await?;
         match response.status() {
             StatusCode::OK | StatusCode::NO_CONTENT => {
                 drain(response).await;
@@ -262,10 +276,15 @@ impl Inner {
         let Some(id) = self.instance_id() else {
             return Ok(());
         };
-        let request = self
+        let response = self
             .http
-            .request(Method::DELETE, &format!("/api/fleet/deregister/{id}"));
-        let response = self.http.send(Op::Deregister, request).await?;
+            .send(
+                Op::Deregister,
+                Method::DELETE,
+                &format!("/api/fleet/deregister/{id}"),
+                |r| r,
+            )
+            .await?;
         match response.status() {
             StatusCode::OK | StatusCode::NO_CONTENT | StatusCode::NOT_FOUND => {
                 drain(response).await;

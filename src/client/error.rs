@@ -30,6 +30,8 @@ pub enum Op {
     Bootstrap,
     /// [`Client::close`](super::Client::close) as a whole.
     Close,
+    /// `GET /healthz`: probing a fleet server that failed, to return to it.
+    Health,
 }
 
 impl Op {
@@ -42,6 +44,7 @@ impl Op {
             Op::Deregister => "deregister",
             Op::Bootstrap => "bootstrap",
             Op::Close => "close",
+            Op::Health => "health",
         }
     }
 }
