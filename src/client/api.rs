@@ -110,6 +110,7 @@ impl Inner {
             cluster = %identity.cluster,
             hostname = %identity.hostname,
             config_revision = registration.config_revision,
+            server = %self.http.current_shown(),
             "fleet: registered with cc-backend"
         );
         Ok(registration)

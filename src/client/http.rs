@@ -49,6 +49,11 @@ impl Http {
         &self.servers
     }
 
+    /// The current server's URL as logs show it.
+    pub(crate) fn current_shown(&self) -> &str {
+        &self.servers.get(self.servers.current()).shown
+    }
+
     /// A request to server `i` with the headers every fleet call carries. `Content-Type` is
     /// added only by the callers that send a body. The configured timeout applies even to a
     /// caller-supplied HTTP client.

@@ -38,6 +38,15 @@
 //! otherwise; a disconnected NATS client never buffers them. When cc-backend answers 404 (the
 //! id was rotated or deregistered), [`Client::run`] registers again and pulls the
 //! configuration at once; NATS heartbeats cannot detect this, so the config poll does.
+//!
+//! `url` may list several fleet servers (a JSON array, in order of preference; one string is
+//! one server, as in Go). A request that fails with a connection error, a timeout, a server
+//! error (5xx) or 429 is sent to the next server at once, with the same instance id and ETag;
+//! a failed server is probed through `/healthz` with backoff and jitter, and requests return
+//! to the preferred server once it is healthy again. [`Client::current_server`] names the
+//! server in use. The servers must share one registry for the instance id to stay valid on
+//! all of them; a server that does not know the id answers 404 and the client registers there
+//! again.
 
 mod api;
 mod cache;
@@ -333,8 +342,7 @@ impl Client {
     /// The fleet server requests go to now, without user information (`user:password@`):
     /// the first `url` until it fails, then the next (see the module docs on failover).
     pub fn current_server(&self) -> &str {
-        let servers = self.inner.http.servers();
-        &servers.get(servers.current()).shown
+        self.inner.http.current_shown()
     }
 
     /// Every configured fleet server in order of preference, without user information, each
