@@ -268,7 +268,7 @@ impl Inner {
             .await
         {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Err(e)) => Err(crate::nats::scrub(&e, &[])),
             Err(_) => Err("publishing timed out".into()),
         }
     }
