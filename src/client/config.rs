@@ -248,8 +248,16 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The token is a credential; only say whether one is configured.
         f.debug_struct("Config")
-            .field("url", &self.url)
-            .field("failover_urls", &self.failover_urls)
+            // URLs may carry user information (`user:password@`): shown without it.
+            .field("url", &debug_url(&self.url))
+            .field(
+                "failover_urls",
+                &self
+                    .failover_urls
+                    .iter()
+                    .map(|u| debug_url(u))
+                    .collect::<Vec<_>>(),
+            )
             .field(
                 "token",
                 &if self.token.is_empty() {
@@ -549,6 +557,16 @@ fn positive_duration(key: &'static str, value: &str) -> Result<Duration, ConfigE
             key,
             value: value.to_owned(),
         }),
+    }
+}
+
+/// A URL for `Debug` output: without user information; a text that does not parse is shown
+/// only when it holds no `@`.
+fn debug_url(url: &str) -> String {
+    if reqwest::Url::parse(url).is_ok() || url.contains('@') {
+        super::servers::shown_url(url)
+    } else {
+        url.to_owned()
     }
 }
 
@@ -1055,6 +1073,19 @@ mod tests {
         let shown = format!("{c:?}");
         assert!(!shown.contains("eyJ-secret"), "{shown}");
         assert!(shown.contains("<redacted>"));
+    }
+
+    #[test]
+    fn debug_shows_urls_without_their_user_information() {
+        let mut c = Config::new("https://cc:pw-one@fleet1");
+        c.failover_urls = vec!["https://cc:pw-two@fleet2:8443".into(), "a@b:c".into()];
+        let shown = format!("{c:?}");
+        for secret in ["pw-one", "pw-two", "a@b"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(shown.contains("https://fleet1"), "{shown}");
+        assert!(shown.contains("https://fleet2:8443"), "{shown}");
+        assert!(format!("{:?}", Config::new("cc.example.org")).contains("cc.example.org"));
     }
 
     #[test]
