@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_process::AgentProcess;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// User information in the first server's URL: it must never reach a log line.
@@ -69,15 +69,18 @@ struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Starts a server on `port` over the registry `db` and the configuration tree `tree`,
-    /// and waits until its `/healthz` answers 200.
-    fn start(name: &str, dir: &Path, port: u16, db: &Path, tree: &Path) -> ServerProcess {
-        let config = json!({
+    /// Starts a server on `port` over the configuration tree `tree`, with `registry` (the
+    /// keys that say where the registry lives) added to its configuration, and waits until
+    /// its `/healthz` answers 200.
+    fn start(name: &str, dir: &Path, port: u16, tree: &Path, registry: &Value) -> ServerProcess {
+        let mut config = json!({
             "addr": format!("127.0.0.1:{port}"),
-            "db": db,
             "disable-authentication": true,
             "fleet": {"config-dir": tree, "config-reload-interval": "200ms"}
         });
+        for (key, value) in registry.as_object().expect("registry keys") {
+            config[key] = value.clone();
+        }
         let path = dir.join(format!("server-{name}.json"));
         std::fs::write(&path, config.to_string()).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_ccfleet"))
@@ -149,16 +152,17 @@ fn count(lines: &[String], needle: &str) -> usize {
     lines.iter().filter(|l| l.contains(needle)).count()
 }
 
-#[test]
-fn an_agent_with_two_server_urls_keeps_working_when_the_first_server_is_killed() {
-    let dir = tempfile::tempdir().unwrap();
-    let tree: PathBuf = dir.path().join("tree");
-    let db = dir.path().join("fleet.db");
+/// The scenario: the agent registers with server A; server B starts (after the
+/// registration); A is SIGKILLed; the agent goes on with B (heartbeats, a configuration
+/// change) under the same identity; A comes back and the agent returns to it. `registry`
+/// holds the server configuration keys of the shared registry.
+fn failover_scenario(dir: &Path, registry: &Value) {
+    let tree: PathBuf = dir.join("tree");
     write_tree(&tree, "10s");
     let (port_a, port_b, metrics) = (free_port(), free_port(), free_port());
-    let server_a = ServerProcess::start("a", dir.path(), port_a, &db, &tree);
+    let server_a = ServerProcess::start("a", dir, port_a, &tree, registry);
 
-    let agent_dir = dir.path().join("agent");
+    let agent_dir = dir.join("agent");
     std::fs::create_dir_all(&agent_dir).unwrap();
     let first = format!("http://fleet:{USERINFO_PASSWORD}@127.0.0.1:{port_a}");
     let mut agent = AgentProcess::start(
@@ -191,7 +195,7 @@ fn an_agent_with_two_server_urls_keeps_working_when_the_first_server_is_killed()
     });
 
     // The second server starts after the registration (it loads the registry at start).
-    let server_b = ServerProcess::start("b", dir.path(), port_b, &db, &tree);
+    let server_b = ServerProcess::start("b", dir, port_b, &tree, registry);
     let killed_at = agent.log().len();
     server_a.kill();
 
@@ -230,7 +234,7 @@ fn an_agent_with_two_server_urls_keeps_working_when_the_first_server_is_killed()
     assert!(failovers[0].contains(&url(port_b)), "{}", failovers[0]);
 
     // The first server comes back (same port, same registry): the agent returns to it.
-    let server_a = ServerProcess::start("a", dir.path(), port_a, &db, &tree);
+    let server_a = ServerProcess::start("a", dir, port_a, &tree, registry);
     agent.wait_for_log("returning to it", WAIT);
     eventually("the agent back on the first server", || on(port_a));
     eventually("heartbeats on the restarted first server", || {
@@ -249,4 +253,13 @@ fn an_agent_with_two_server_urls_keeps_working_when_the_first_server_is_killed()
     }
     let (_, body) = get(metrics, "/metrics").unwrap();
     assert!(!body.contains(USERINFO_PASSWORD), "{body}");
+}
+
+/// Both servers on one SQLite file. A server loads the registry when it starts, so the second
+/// is started only after the agent registered with the first (see the module docs).
+#[test]
+fn an_agent_with_two_server_urls_keeps_working_when_the_first_server_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fleet.db");
+    failover_scenario(dir.path(), &json!({ "db": db }));
 }
