@@ -8,14 +8,16 @@ use super::error::DecodeErrorKind;
 /// overflow are refused.
 #[inline]
 pub(crate) fn parse(raw: &[u8]) -> Result<f64, DecodeErrorKind> {
+    // Plain decimals (`12.5`, `-3`) are most values; they need no separate syntax pass.
+    if let Some(v) = parse_short_decimal(raw) {
+        return Ok(v);
+    }
     let syntax = go_syntax(raw).ok_or(DecodeErrorKind::InvalidFieldValue)?;
     let value = if syntax.hex {
         parse_hex(raw)
     } else if syntax.underscores {
         let digits: Vec<u8> = raw.iter().copied().filter(|&b| b != b'_').collect();
         parse_decimal(&digits)?
-    } else if let Some(v) = parse_short_decimal(raw) {
-        v
     } else {
         parse_decimal(raw)?
     };
@@ -237,6 +239,9 @@ fn parse_short_decimal(raw: &[u8]) -> Option<f64> {
     let mut mantissa: u64 = 0;
     let mut frac_digits = 0usize;
     let mut seen_point = false;
+    if body.is_empty() || body == b"." {
+        return None;
+    }
     for &b in body {
         match b {
             b'0'..=b'9' => {

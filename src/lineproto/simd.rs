@@ -32,6 +32,14 @@ pub(crate) trait Block: Copy {
     fn eq(self, b: u8) -> u64;
     /// Bit `i` set when byte `i` is above 0x7f.
     fn high(self) -> u64;
+    /// Whether any byte is a quote, a backslash, a newline or above 0x7f: what a string
+    /// scan must look at more closely.
+    #[inline(always)]
+    fn any_string_special(self) -> bool {
+        self.eq(b'"') | self.eq(b'\\') | self.eq(b'\n') | self.high() != 0
+    }
+    /// The next narrower block type (itself for the narrowest), for the last bytes.
+    type Half: Block;
 }
 
 /// The portable block: eight bytes in a `u64`, compared with exact SWAR arithmetic.
@@ -48,6 +56,7 @@ impl Word {
 
 impl Block for Word {
     const N: usize = 8;
+    type Half = Word;
 
     #[inline(always)]
     unsafe fn load(p: *const u8) -> Self {
@@ -86,6 +95,23 @@ mod x86 {
 
     impl Block for Sse2 {
         const N: usize = 16;
+        type Half = super::Word;
+
+        #[inline(always)]
+        fn any_string_special(self) -> bool {
+            // SAFETY: SSE2 is part of the x86-64 baseline.
+            unsafe {
+                let v = self.0;
+                let special = _mm_or_si128(
+                    _mm_or_si128(
+                        _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8)),
+                        _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8)),
+                    ),
+                    _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(b'\n' as i8)), v),
+                );
+                _mm_movemask_epi8(special) != 0
+            }
+        }
 
         #[inline(always)]
         unsafe fn load(p: *const u8) -> Self {
@@ -121,6 +147,23 @@ mod x86 {
 
     impl Block for Avx2 {
         const N: usize = 32;
+        type Half = Sse2;
+
+        #[inline(always)]
+        fn any_string_special(self) -> bool {
+            // SAFETY: an `Avx2` value exists only on CPUs with AVX2 (see `load`).
+            unsafe {
+                let v = self.0;
+                let special = _mm256_or_si256(
+                    _mm256_or_si256(
+                        _mm256_cmpeq_epi8(v, _mm256_set1_epi8(b'"' as i8)),
+                        _mm256_cmpeq_epi8(v, _mm256_set1_epi8(b'\\' as i8)),
+                    ),
+                    _mm256_or_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8(b'\n' as i8)), v),
+                );
+                _mm256_movemask_epi8(special) != 0
+            }
+        }
 
         #[inline(always)]
         unsafe fn load(p: *const u8) -> Self {
@@ -183,6 +226,7 @@ mod arm {
 
     impl Block for Neon {
         const N: usize = 16;
+        type Half = super::Word;
 
         #[inline(always)]
         unsafe fn load(p: *const u8) -> Self {
@@ -274,6 +318,12 @@ fn scan_string_with<B: Block>(buf: &[u8], start: usize) -> StringScan {
         } else {
             break;
         };
+        if real == n && !block.any_string_special() {
+            // Nothing to look at (plain text): byte 0 may have been escaped, nothing else.
+            carry = 0;
+            i += n;
+            continue;
+        }
         let bs = block.eq(b'\\');
         let quotes = block.eq(b'"');
         let mut closing = quotes;
@@ -311,15 +361,55 @@ fn scan_string_with<B: Block>(buf: &[u8], start: usize) -> StringScan {
     }
 }
 
-/// [`scan_string_with`] on the widest block every CPU of the target has.
+/// One implementation of [`scan_string`].
+type ScanFn = fn(&[u8], usize) -> StringScan;
+
+/// The AVX2 string scan, or `None` when this CPU lacks AVX2.
+#[cfg(target_arch = "x86_64")]
+fn scan_string_avx2() -> Option<ScanFn> {
+    #[target_feature(enable = "avx2")]
+    fn unchecked(buf: &[u8], start: usize) -> StringScan {
+        scan_string_with::<x86::Avx2>(buf, start)
+    }
+    fn avx2(buf: &[u8], start: usize) -> StringScan {
+        // SAFETY: this function is only handed out after `is_x86_feature_detected!("avx2")`.
+        unsafe { unchecked(buf, start) }
+    }
+    std::is_x86_feature_detected!("avx2").then_some(avx2 as ScanFn)
+}
+
+/// Every string scan this CPU can run, by name, the portable one first.
+#[cfg(test)]
+fn scan_implementations() -> Vec<(&'static str, ScanFn)> {
+    let mut all: Vec<(&'static str, ScanFn)> = vec![("word", scan_string_with::<Word>)];
+    #[cfg(target_arch = "x86_64")]
+    {
+        all.push(("sse2", scan_string_with::<x86::Sse2>));
+        if let Some(avx2) = scan_string_avx2() {
+            all.push(("avx2", avx2));
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    all.push(("neon", scan_string_with::<arm::Neon>));
+    all
+}
+
+/// Scans a string field body from `start` (after its opening quote) with the widest blocks
+/// this CPU has, chosen on first use.
 #[inline]
 pub(crate) fn scan_string(buf: &[u8], start: usize) -> StringScan {
-    #[cfg(target_arch = "x86_64")]
-    return scan_string_with::<x86::Sse2>(buf, start);
-    #[cfg(target_arch = "aarch64")]
-    return scan_string_with::<arm::Neon>(buf, start);
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    return scan_string_with::<Word>(buf, start);
+    use std::sync::OnceLock;
+    static BEST: OnceLock<ScanFn> = OnceLock::new();
+    // Chosen without allocating: decoding allocates nothing, not even on first use.
+    let scan = BEST.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        return scan_string_avx2().unwrap_or(scan_string_with::<x86::Sse2>);
+        #[cfg(target_arch = "aarch64")]
+        return scan_string_with::<arm::Neon>;
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        return scan_string_with::<Word>;
+    });
+    scan(buf, start)
 }
 
 /// Token kinds as const-generic parameters, so that each kind gets its own loop.
@@ -426,35 +516,57 @@ unsafe fn unescape_block<B: Block, const K: u8>(
     w
 }
 
+/// Unescapes blocks of `src` from `*r` (writing from `*w`) while two whole blocks remain.
+///
+/// # Safety
+/// `dst..dst + src.len() + OVERHANG` must be writable, and `*w <= *r`.
+#[inline(always)]
+unsafe fn unescape_run<B: Block, const K: u8>(
+    src: &[u8],
+    r: &mut usize,
+    w: &mut usize,
+    carry: &mut Carry,
+    dst: *mut u8,
+) {
+    let n = B::N;
+    while *r + 2 * n <= src.len() {
+        // SAFETY: `src[r..r + 2N]` is readable; the block writes at most `2N` bytes past
+        // `w <= r` (unescaping never grows the text), within `src.len() + OVERHANG`.
+        *w = unsafe { unescape_block::<B, K>(src.as_ptr().add(*r), src[*r + n], carry, dst, *w) };
+        *r += n;
+    }
+}
+
 /// Unescapes `src` (a token of kind `K`) into `dst`; returns the length written.
 ///
 /// # Safety
 /// `dst..dst + src.len() + OVERHANG` must be writable.
 #[inline(always)]
 unsafe fn unescape_with<B: Block, const K: u8>(src: &[u8], dst: *mut u8) -> usize {
-    let n = B::N;
     let mut carry = Carry::default();
     let (mut r, mut w) = (0, 0);
-    while r + 2 * n <= src.len() {
-        // SAFETY: `src[r..r + 2N]` is readable, and `w <= r` (unescaping never grows the
-        // text), so `dst + w..dst + w + N` is within `src.len() + OVERHANG`.
-        w = unsafe { unescape_block::<B, K>(src.as_ptr().add(r), src[r + n], &mut carry, dst, w) };
-        r += n;
+    // SAFETY: the caller's guarantee, and `w <= r` throughout. Narrower blocks take over
+    // as fewer bytes remain; the escape state carries over whatever the width.
+    unsafe {
+        unescape_run::<B, K>(src, &mut r, &mut w, &mut carry, dst);
+        unescape_run::<B::Half, K>(src, &mut r, &mut w, &mut carry, dst);
+        unescape_run::<<B::Half as Block>::Half, K>(src, &mut r, &mut w, &mut carry, dst);
     }
-    // The last bytes (fewer than 2N), zero-padded so the same blocks apply: a zero byte is
+    // The last bytes (fewer than 16), zero-padded so the same blocks apply: a zero byte is
     // never a backslash nor completes an escape, so it is copied as it is and the padding
     // written past the text is simply not counted.
     let rest = src.len() - r;
-    let mut tail = [0u8; 3 * 32];
+    debug_assert!(rest < 16);
+    let mut tail = [0u8; 3 * 8];
     tail[..rest].copy_from_slice(&src[r..]);
     let mut t = 0;
     while t < rest {
-        // SAFETY: `t + 2N <= 3N <= tail.len()` as `t <= N`; `w <= r + t` as above, and the
-        // block stores end by `r + t + N <= src.len() + N`.
+        // SAFETY: `t <= 8`, so `t + 16 <= tail.len()`; `w <= r + t`, and the block writes
+        // at most 16 bytes past it, by `src.len() + 16`.
         w = unsafe {
-            unescape_block::<B, K>(tail.as_ptr().add(t), tail[t + n], &mut carry, dst, w)
+            unescape_block::<Word, K>(tail.as_ptr().add(t), tail[t + 8], &mut carry, dst, w)
         };
-        t += n;
+        t += 8;
     }
     w - (t.max(rest) - rest)
 }
@@ -548,11 +660,14 @@ pub(crate) fn unescape_implementations() -> Vec<(&'static str, UnescapeFn)> {
 fn best() -> UnescapeFn {
     use std::sync::OnceLock;
     static BEST: OnceLock<UnescapeFn> = OnceLock::new();
+    // Chosen without allocating: decoding allocates nothing, not even on first use.
     *BEST.get_or_init(|| {
-        *unescape_implementations()
-            .last()
-            .map(|(_, f)| f)
-            .expect("the portable implementation is always there")
+        #[cfg(target_arch = "x86_64")]
+        return unescape_avx2().unwrap_or(unescape_sse2);
+        #[cfg(target_arch = "aarch64")]
+        return unescape_neon;
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        return unescape_word;
     })
 }
 
@@ -565,30 +680,6 @@ pub(crate) fn unescape_into(raw: &str, kind: TokenKind, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Every block type this CPU can run, as a string scanner.
-    fn scanners() -> Vec<(&'static str, fn(&[u8], usize) -> StringScan)> {
-        let mut all: Vec<(&'static str, fn(&[u8], usize) -> StringScan)> =
-            vec![("word", scan_string_with::<Word>)];
-        #[cfg(target_arch = "x86_64")]
-        {
-            all.push(("sse2", scan_string_with::<x86::Sse2>));
-            #[target_feature(enable = "avx2")]
-            fn avx2_unchecked(buf: &[u8], start: usize) -> StringScan {
-                scan_string_with::<x86::Avx2>(buf, start)
-            }
-            fn avx2(buf: &[u8], start: usize) -> StringScan {
-                // SAFETY: only handed out after `is_x86_feature_detected!("avx2")`.
-                unsafe { avx2_unchecked(buf, start) }
-            }
-            if std::is_x86_feature_detected!("avx2") {
-                all.push(("avx2", avx2));
-            }
-        }
-        #[cfg(target_arch = "aarch64")]
-        all.push(("neon", scan_string_with::<arm::Neon>));
-        all
-    }
 
     /// A byte-at-a-time reference for `scan_string`.
     fn reference_scan(buf: &[u8], start: usize) -> StringScan {
@@ -705,7 +796,7 @@ mod tests {
     fn string_scans_agree_with_a_byte_loop_for_every_length_and_position() {
         // Strings of 0..=80 bytes, with each special at every position (or at the very end,
         // where a backslash has nothing to escape), after openings of every alignment.
-        for (name, scan) in scanners() {
+        for (name, scan) in scan_implementations() {
             for lead in 0..9 {
                 for n in 0..=80 {
                     for at in 0..=n {
@@ -743,7 +834,7 @@ mod tests {
             "é".as_bytes(),
         ];
         let mut seed = 0x2545_f491_4f6c_dd1du64;
-        for (name, scan) in scanners() {
+        for (name, scan) in scan_implementations() {
             for _ in 0..5000 {
                 let mut buf = b"\"".to_vec();
                 for _ in 0..seed % 40 {
