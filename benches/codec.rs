@@ -218,6 +218,7 @@ fn decode(c: &mut Criterion) {
         metrics(10_000),
         long_strings(500),
         short_lines(10_000),
+        many_fields(1_000),
     ] {
         assert_eq!(
             ccfleet_read(input.text.as_bytes(), true),

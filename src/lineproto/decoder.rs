@@ -558,7 +558,9 @@ impl<'a> Iterator for Decoder<'a> {
 fn scan_token(buf: &[u8], mut i: usize, stop: &[bool; 256], escapes: &[u8]) -> (usize, bool, bool) {
     let mut escaped = false;
     let mut high = false;
+    let with_equals = stop[usize::from(b'=')];
     loop {
+        i = simd::skip_token_bytes(buf, i, with_equals);
         while i < buf.len() && !stop[buf[i] as usize] {
             i += 1;
         }

@@ -412,6 +412,40 @@ pub(crate) fn scan_string(buf: &[u8], start: usize) -> StringScan {
     scan(buf, start)
 }
 
+/// Skips the bytes of a measurement or key token that need no closer look, 16 at a time:
+/// returns the index of the first byte at or after `i` that is a space, comma, backslash,
+/// `=` (when `with_equals`), a control character, DEL or above 0x7f (the stop tables of the
+/// token scanner), or `buf.len()`'s neighbourhood: when fewer than 16 bytes remain the
+/// caller's byte loop finishes the job.
+#[inline(always)]
+pub(crate) fn skip_token_bytes(buf: &[u8], mut i: usize, with_equals: bool) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    while i + 16 <= buf.len() {
+        use std::arch::x86_64::*;
+        // SAFETY: SSE2 is part of the x86-64 baseline, and `buf[i..i + 16]` is readable.
+        let stops = unsafe {
+            let v = _mm_loadu_si128(buf.as_ptr().add(i).cast());
+            let eq = |b: u8| _mm_cmpeq_epi8(v, _mm_set1_epi8(b as i8));
+            let mut stops = _mm_or_si128(_mm_or_si128(eq(b' '), eq(b',')), eq(b'\\'));
+            if with_equals {
+                stops = _mm_or_si128(stops, eq(b'='));
+            }
+            // Signed: bytes above 0x7f are negative, so one comparison finds them and the
+            // control characters.
+            stops = _mm_or_si128(stops, _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));
+            stops = _mm_or_si128(stops, eq(0x7f));
+            _mm_movemask_epi8(stops) as u32
+        };
+        if stops != 0 {
+            return i + stops.trailing_zeros() as usize;
+        }
+        i += 16;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (buf, with_equals);
+    i
+}
+
 /// Token kinds as const-generic parameters, so that each kind gets its own loop.
 const MEASUREMENT: u8 = 0;
 const KEY: u8 = 1;
@@ -680,6 +714,32 @@ pub(crate) fn unescape_into(raw: &str, kind: TokenKind, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_skips_stop_exactly_where_the_stop_tables_do() {
+        use super::super::table::{KEY_STOP, MEASUREMENT_STOP};
+        for (stop, with_equals) in [(&KEY_STOP, true), (&MEASUREMENT_STOP, false)] {
+            let by_table = |buf: &[u8], mut i: usize| {
+                while i < buf.len() && !stop[usize::from(buf[i])] {
+                    i += 1;
+                }
+                i
+            };
+            for byte in 0..=255u8 {
+                for len in [16, 17, 31, 32, 40] {
+                    for at in 0..len {
+                        let mut buf = vec![b'a'; len];
+                        buf[at] = byte;
+                        for from in 0..=at {
+                            let skipped = skip_token_bytes(&buf, from, with_equals);
+                            assert!(skipped <= by_table(&buf, from), "{byte} {at} {from}");
+                            assert_eq!(by_table(&buf, skipped), by_table(&buf, from));
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// A byte-at-a-time reference for `scan_string`.
     fn reference_scan(buf: &[u8], start: usize) -> StringScan {

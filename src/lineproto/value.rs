@@ -87,6 +87,17 @@ fn digits_u64(digits: &[u8]) -> Option<Option<u64>> {
         }
         i += 8;
     }
+    // Up to 19 digits fit a u64 whatever they are; only later ones need overflow checks
+    // (a checked multiplication per digit would double the cost of every short number).
+    let unchecked_end = digits.len().min(19);
+    while i < unchecked_end {
+        let d = digits[i].wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        value = value * 10 + u64::from(d);
+        i += 1;
+    }
     let mut overflow = false;
     for &d in &digits[i..] {
         let d = d.wrapping_sub(b'0');
