@@ -361,7 +361,7 @@ impl<'a> Decoder<'a> {
                     while i < buf.len() && !FIELD_VALUE_STOP[buf[i] as usize] {
                         i += 1;
                     }
-                    value::parse_unquoted(&buf[v_start..i]).map(|_| ())
+                    value::parse_unquoted_in(buf, v_start, i).map(|_| ())
                 }
                 Some(b' ' | b',') => {
                     return Err(Failure::new(i, DecodeErrorKind::EmptyFieldValue, i));
@@ -408,6 +408,13 @@ impl<'a> Decoder<'a> {
         let mut time = None;
         if let Some(t_start) = time_start {
             i = t_start;
+            // Whole words of digits first (a nanosecond timestamp has 19).
+            while let Some(word) = buf.get(i..i + 8) {
+                if !value::all_digits(word) {
+                    break;
+                }
+                i += 8;
+            }
             while i < buf.len() && (buf[i].is_ascii_digit() || buf[i] == b'-') {
                 i += 1;
             }
@@ -715,7 +722,7 @@ impl<'a> Iterator for Fields<'a> {
             while end < rest.len() && rest[end] != b',' {
                 end += 1;
             }
-            (value::parse_unquoted(&rest[v_start..end]).ok()?, end)
+            (value::parse_unquoted_in(rest, v_start, end).ok()?, end)
         };
         self.rest = rest.get(end + 1..).unwrap_or_default();
         self.offset += end + 1;

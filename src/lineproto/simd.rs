@@ -418,7 +418,9 @@ pub(crate) fn scan_string(buf: &[u8], start: usize) -> StringScan {
 /// token scanner), or `buf.len()`'s neighbourhood: when fewer than 16 bytes remain the
 /// caller's byte loop finishes the job.
 #[inline(always)]
-pub(crate) fn skip_token_bytes(buf: &[u8], mut i: usize, with_equals: bool) -> usize {
+pub(crate) fn skip_token_bytes(buf: &[u8], i: usize, with_equals: bool) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    let mut i = i;
     #[cfg(target_arch = "x86_64")]
     while i + 16 <= buf.len() {
         use std::arch::x86_64::*;
