@@ -295,17 +295,38 @@ pub(crate) struct StringScan {
     pub high: bool,
 }
 
-/// Scans a string field body from `start` (after its opening quote) to the first quote
-/// that no backslash escapes; every backslash escapes the byte after it here, whatever it
-/// is (the unescaping rules are [`unescape_into`]'s business).
+/// Where a string scan stands: the next byte to look at and what came before it.
+#[derive(Debug, Clone, Copy)]
+struct ScanState {
+    i: usize,
+    /// Byte `i` is escaped by the backslash before it (0 or 1).
+    carry: u64,
+    backslashes: bool,
+    high: bool,
+    newlines: usize,
+}
+
+impl ScanState {
+    fn done(&self, close: usize) -> StringScan {
+        StringScan {
+            close,
+            escaped: self.backslashes,
+            newlines: self.newlines,
+            high: self.high,
+        }
+    }
+}
+
+/// Scans a string field body on from `st.i` to the first quote that no backslash escapes;
+/// every backslash escapes the byte after it here, whatever it is (the unescaping rules
+/// are [`unescape_into`]'s business). Returns `None`, with `st` advanced, once `st.i`
+/// reaches `pause` without an answer.
 #[inline(always)]
-fn scan_string_with<B: Block>(buf: &[u8], start: usize) -> StringScan {
+fn scan_blocks<B: Block>(buf: &[u8], st: &mut ScanState, pause: usize) -> Option<StringScan> {
     let n = B::N;
-    let mut i = start;
-    let mut carry = 0u64;
-    let (mut bs_seen, mut high, mut newlines) = (0u64, 0u64, 0usize);
     let mut tail = [0u8; 32];
-    loop {
+    while st.i < pause {
+        let i = st.i;
         let (block, real) = if i + n <= buf.len() {
             // SAFETY: `i + n <= buf.len()`.
             (unsafe { B::load(buf.as_ptr().add(i)) }, n)
@@ -316,76 +337,94 @@ fn scan_string_with<B: Block>(buf: &[u8], start: usize) -> StringScan {
             // SAFETY: `tail` holds 32 >= n bytes.
             (unsafe { B::load(tail.as_ptr()) }, real)
         } else {
-            break;
+            return Some(st.done(buf.len()));
         };
         if real == n && !block.any_string_special() {
             // Nothing to look at (plain text): byte 0 may have been escaped, nothing else.
-            carry = 0;
-            i += n;
+            st.carry = 0;
+            st.i += n;
             continue;
         }
         let bs = block.eq(b'\\');
-        let quotes = block.eq(b'"');
-        let mut closing = quotes;
-        if bs | carry != 0 {
-            let (escaped, carry_out) = escaped_bytes(bs, carry, n);
+        let mut closing = block.eq(b'"');
+        if bs | st.carry != 0 {
+            let (escaped, carry_out) = escaped_bytes(bs, st.carry, n);
             closing &= !escaped;
-            carry = carry_out;
+            st.carry = carry_out;
         }
         let before = if closing != 0 {
             low_bits(closing.trailing_zeros() as usize)
         } else {
             low_bits(n)
         };
-        bs_seen |= bs & before;
-        high |= block.high() & before;
-        newlines += (block.eq(b'\n') & before).count_ones() as usize;
+        st.backslashes |= bs & before != 0;
+        st.high |= block.high() & before != 0;
+        st.newlines += (block.eq(b'\n') & before).count_ones() as usize;
         if closing != 0 {
-            return StringScan {
-                close: i + closing.trailing_zeros() as usize,
-                escaped: bs_seen != 0,
-                newlines,
-                high: high != 0,
-            };
+            return Some(st.done(i + closing.trailing_zeros() as usize));
         }
         if real < n {
-            break;
+            return Some(st.done(buf.len()));
         }
-        i += n;
+        st.i += n;
     }
-    StringScan {
-        close: buf.len(),
-        escaped: bs_seen != 0,
-        newlines,
-        high: high != 0,
-    }
+    None
 }
 
-/// One implementation of [`scan_string`].
-type ScanFn = fn(&[u8], usize) -> StringScan;
+/// A whole scan with blocks of type `B`, from `start` (after the opening quote).
+#[cfg(test)]
+#[inline(always)]
+fn scan_string_with<B: Block>(buf: &[u8], start: usize) -> StringScan {
+    let st = ScanState {
+        i: start,
+        carry: 0,
+        backslashes: false,
+        high: false,
+        newlines: 0,
+    };
+    scan_on::<B>(buf, st)
+}
 
-/// The AVX2 string scan, or `None` when this CPU lacks AVX2.
+/// The rest of a scan with blocks of type `B`.
+#[inline(always)]
+fn scan_on<B: Block>(buf: &[u8], mut st: ScanState) -> StringScan {
+    scan_blocks::<B>(buf, &mut st, usize::MAX).expect("an unbounded scan ends")
+}
+
+/// One implementation of the rest of a scan.
+type ScanOnFn = fn(&[u8], ScanState) -> StringScan;
+
+/// The AVX2 rest of a scan, or `None` when this CPU lacks AVX2.
 #[cfg(target_arch = "x86_64")]
-fn scan_string_avx2() -> Option<ScanFn> {
+fn scan_on_avx2() -> Option<ScanOnFn> {
     #[target_feature(enable = "avx2")]
-    fn unchecked(buf: &[u8], start: usize) -> StringScan {
-        scan_string_with::<x86::Avx2>(buf, start)
+    fn unchecked(buf: &[u8], st: ScanState) -> StringScan {
+        scan_on::<x86::Avx2>(buf, st)
     }
-    fn avx2(buf: &[u8], start: usize) -> StringScan {
+    fn avx2(buf: &[u8], st: ScanState) -> StringScan {
         // SAFETY: this function is only handed out after `is_x86_feature_detected!("avx2")`.
-        unsafe { unchecked(buf, start) }
+        unsafe { unchecked(buf, st) }
     }
-    std::is_x86_feature_detected!("avx2").then_some(avx2 as ScanFn)
+    std::is_x86_feature_detected!("avx2").then_some(avx2 as ScanOnFn)
 }
 
 /// Every string scan this CPU can run, by name, the portable one first.
 #[cfg(test)]
-fn scan_implementations() -> Vec<(&'static str, ScanFn)> {
-    let mut all: Vec<(&'static str, ScanFn)> = vec![("word", scan_string_with::<Word>)];
+fn scan_implementations() -> Vec<(&'static str, fn(&[u8], usize) -> StringScan)> {
+    let mut all: Vec<(&'static str, fn(&[u8], usize) -> StringScan)> =
+        vec![("word", scan_string_with::<Word>), ("default", scan_string)];
     #[cfg(target_arch = "x86_64")]
     {
         all.push(("sse2", scan_string_with::<x86::Sse2>));
-        if let Some(avx2) = scan_string_avx2() {
+        #[target_feature(enable = "avx2")]
+        fn unchecked(buf: &[u8], start: usize) -> StringScan {
+            scan_string_with::<x86::Avx2>(buf, start)
+        }
+        fn avx2(buf: &[u8], start: usize) -> StringScan {
+            // SAFETY: only handed out after `is_x86_feature_detected!("avx2")`.
+            unsafe { unchecked(buf, start) }
+        }
+        if std::is_x86_feature_detected!("avx2") {
             all.push(("avx2", avx2));
         }
     }
@@ -394,22 +433,38 @@ fn scan_implementations() -> Vec<(&'static str, ScanFn)> {
     all
 }
 
-/// Scans a string field body from `start` (after its opening quote) with the widest blocks
-/// this CPU has, chosen on first use.
+/// Scans a string field body from `start` (after its opening quote). Most strings are
+/// short (a heartbeat's payload is about 50 bytes), so the first 64 bytes go through
+/// blocks that every CPU of the target has, inlined; a longer string continues with the
+/// widest blocks this CPU has, chosen on first use.
 #[inline]
 pub(crate) fn scan_string(buf: &[u8], start: usize) -> StringScan {
     use std::sync::OnceLock;
-    static BEST: OnceLock<ScanFn> = OnceLock::new();
+    static REST: OnceLock<ScanOnFn> = OnceLock::new();
+    let mut st = ScanState {
+        i: start,
+        carry: 0,
+        backslashes: false,
+        high: false,
+        newlines: 0,
+    };
+    #[cfg(target_arch = "x86_64")]
+    type Short = x86::Sse2;
+    #[cfg(target_arch = "aarch64")]
+    type Short = arm::Neon;
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    type Short = Word;
+    if let Some(done) = scan_blocks::<Short>(buf, &mut st, start.saturating_add(64)) {
+        return done;
+    }
     // Chosen without allocating: decoding allocates nothing, not even on first use.
-    let scan = BEST.get_or_init(|| {
+    let rest = REST.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        return scan_string_avx2().unwrap_or(scan_string_with::<x86::Sse2>);
-        #[cfg(target_arch = "aarch64")]
-        return scan_string_with::<arm::Neon>;
-        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-        return scan_string_with::<Word>;
+        return scan_on_avx2().unwrap_or(scan_on::<x86::Sse2>);
+        #[cfg(not(target_arch = "x86_64"))]
+        return scan_on::<Short>;
     });
-    scan(buf, start)
+    rest(buf, st)
 }
 
 /// Skips the bytes of a measurement or key token that need no closer look, 16 at a time:
@@ -710,6 +765,12 @@ fn best() -> UnescapeFn {
 /// Appends the unescaped form of `raw` (a token of `kind`) to `out`.
 #[inline]
 pub(crate) fn unescape_into(raw: &str, kind: TokenKind, out: &mut String) {
+    // Below 64 bytes AVX2 blocks would not be used (two must fit), so a short token (most
+    // of them) skips the indirect call.
+    #[cfg(target_arch = "x86_64")]
+    if raw.len() < 64 {
+        return unescape_sse2(raw, kind, out);
+    }
     best()(raw, kind, out)
 }
 
