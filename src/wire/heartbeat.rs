@@ -318,7 +318,10 @@ fn plain_id_len(bytes: &[u8]) -> usize {
 /// negative or missing timestamp) returns `None` and takes the full route.
 #[inline]
 fn canonical_heartbeat(rest: &[u8]) -> Option<(&str, usize)> {
-    let body = rest.strip_prefix(CANONICAL_PREFIX)?;
+    if !starts_with_canonical_prefix(rest) {
+        return None;
+    }
+    let body = &rest[CANONICAL_PREFIX.len()..];
     let id_len = plain_id_len(body);
     if id_len == 0 {
         return None;
@@ -327,6 +330,12 @@ fn canonical_heartbeat(rest: &[u8]) -> Option<(&str, usize)> {
     // Up to 19 digits, at most i64::MAX; anything else takes the full route. Equally long
     // digit strings compare as their values do, so no number is built.
     let mut digits = 0;
+    while let Some(word) = after_id.get(digits..digits + 8)
+        && digits < 16
+        && all_digits(word)
+    {
+        digits += 8;
+    }
     while digits < 20 && after_id.get(digits).is_some_and(u8::is_ascii_digit) {
         digits += 1;
     }
@@ -338,10 +347,46 @@ fn canonical_heartbeat(rest: &[u8]) -> Option<(&str, usize)> {
         Some(b'\n') => 1,
         Some(_) => return None,
     };
-    // The prefix and id are ASCII, so this cannot fail; the check keeps it free of unsafe.
-    let id = std::str::from_utf8(&body[..id_len]).ok()?;
+    let id = &body[..id_len];
+    debug_assert!(id.is_ascii());
+    // SAFETY: `plain_id_len` counts only printable ASCII bytes, which are valid UTF-8.
+    let id = unsafe { std::str::from_utf8_unchecked(id) };
     let used = CANONICAL_PREFIX.len() + id_len + CANONICAL_SUFFIX.len() + digits + newline;
     Some((id, used))
+}
+
+/// Whether `rest` starts with [`CANONICAL_PREFIX`], compared as six overlapping words
+/// (a `memcmp` call would cost more than the comparison).
+#[inline(always)]
+fn starts_with_canonical_prefix(rest: &[u8]) -> bool {
+    const LEN: usize = CANONICAL_PREFIX.len();
+    const _: () = assert!(LEN >= 8);
+    let Some(head) = rest.first_chunk::<LEN>() else {
+        return false;
+    };
+    let word = |bytes: &[u8], at: usize| {
+        u64::from_le_bytes(bytes[at..at + 8].try_into().expect("eight bytes"))
+    };
+    let mut diff = 0;
+    let mut at = 0;
+    loop {
+        let at_word = at.min(LEN - 8);
+        diff |= word(head, at_word) ^ word(CANONICAL_PREFIX, at_word);
+        if at_word == LEN - 8 {
+            return diff == 0;
+        }
+        at += 8;
+    }
+}
+
+/// Whether all eight bytes are ASCII digits: each high nibble is 3, and adding 6 leaves it
+/// 3 only for a low nibble up to 9.
+#[inline(always)]
+fn all_digits(eight: &[u8]) -> bool {
+    let word = u64::from_le_bytes(eight.try_into().expect("eight bytes"));
+    let high = word & 0xf0f0_f0f0_f0f0_f0f0;
+    let carried = (word.wrapping_add(0x0606_0606_0606_0606) & 0xf0f0_f0f0_f0f0_f0f0) >> 4;
+    high | carried == 0x3333_3333_3333_3333
 }
 
 #[cfg(test)]
@@ -394,12 +439,41 @@ mod tests {
     }
 
     #[test]
+    fn the_word_prefix_check_agrees_with_a_plain_comparison() {
+        let mut line = CANONICAL_PREFIX.to_vec();
+        line.extend_from_slice(b"abc");
+        assert!(starts_with_canonical_prefix(&line));
+        for at in 0..CANONICAL_PREFIX.len() {
+            for byte in [0u8, b'a', b'"', 0xff] {
+                let mut odd = line.clone();
+                odd[at] = byte;
+                assert_eq!(
+                    starts_with_canonical_prefix(&odd),
+                    odd.starts_with(CANONICAL_PREFIX),
+                    "{at} {byte}"
+                );
+            }
+            assert!(!starts_with_canonical_prefix(&line[..at]));
+        }
+        for byte in 0..=255u8 {
+            for lane in 0..8 {
+                let mut eight = *b"01234567";
+                eight[lane] = byte;
+                assert_eq!(all_digits(&eight), eight.iter().all(u8::is_ascii_digit));
+            }
+        }
+    }
+
+    #[test]
     fn the_fast_route_takes_exactly_the_timestamps_the_full_decoder_accepts() {
         for stamp in [
             "0",
             "1",
             "1734000000000000000",
             "0000000000000000001",
+            "12345678",
+            "1234567812345678",
+            "123456781234567x",
             "9223372036854775807",
             "9223372036854775808",
             "9999999999999999999",
