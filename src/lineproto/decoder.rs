@@ -357,6 +357,12 @@ impl<'a> Decoder<'a> {
                     i = end + 1;
                     Ok(())
                 }
+                Some(b'-' | b'.' | b'0'..=b'9')
+                    if let Some((end, _)) = value::parse_plain_number(buf, i) =>
+                {
+                    i = end;
+                    Ok(())
+                }
                 Some(b't' | b'T' | b'f' | b'F' | b'-' | b'.' | b'0'..=b'9') => {
                     while i < buf.len() && !FIELD_VALUE_STOP[buf[i] as usize] {
                         i += 1;
@@ -717,6 +723,8 @@ impl<'a> Iterator for Fields<'a> {
             };
             let text = as_str(&rest[v_start + 1..close]);
             (value::string_value(text, escaped), close + 1)
+        } else if let Some((end, value)) = value::parse_plain_number(rest, v_start) {
+            (value, end)
         } else {
             let mut end = v_start;
             while end < rest.len() && rest[end] != b',' {
