@@ -94,6 +94,11 @@ pub(crate) fn parse_plain_number(buf: &[u8], start: usize) -> Option<(usize, Fie
     loop {
         match buf.get(i) {
             Some(&b @ b'0'..=b'9') => {
+                // 15 digits: the mantissa and the power of ten are exact in an f64 (see
+                // `float::parse`), and any integer fits an i64.
+                if digits == 15 {
+                    return None;
+                }
                 mantissa = mantissa * 10 + u64::from(b - b'0');
                 digits += 1;
                 fraction += usize::from(point);
@@ -103,9 +108,7 @@ pub(crate) fn parse_plain_number(buf: &[u8], start: usize) -> Option<(usize, Fie
         }
         i += 1;
     }
-    // 15 digits: the mantissa and the power of ten are exact in an f64 (see
-    // `float::parse`), and any integer fits an i64.
-    if digits == 0 || digits > 15 {
+    if digits == 0 {
         return None;
     }
     let ends_value = |at: usize| matches!(buf.get(at), None | Some(b',' | b' ' | b'\r' | b'\n'));
@@ -291,6 +294,8 @@ mod tests {
             "0",
             "12345678",
             "1234567890123456",
+            "123456789012345678901234567890",
+            "-99999999999999999999999i",
             "1734000000000000000",
             "18446744073709551615",
             "18446744073709551616",
