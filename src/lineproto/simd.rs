@@ -38,7 +38,8 @@ pub(crate) trait Block: Copy {
     fn any_string_special(self) -> bool {
         self.eq(b'"') | self.eq(b'\\') | self.eq(b'\n') | self.high() != 0
     }
-    /// The next narrower block type (itself for the narrowest), for the last bytes.
+    /// The next narrower block type worth using for the last bytes (itself when none is:
+    /// word arithmetic is slower than padding a short tail for 16-byte registers).
     type Half: Block;
 }
 
@@ -95,7 +96,7 @@ mod x86 {
 
     impl Block for Sse2 {
         const N: usize = 16;
-        type Half = super::Word;
+        type Half = Self;
 
         #[inline(always)]
         fn any_string_special(self) -> bool {
@@ -226,7 +227,7 @@ mod arm {
 
     impl Block for Neon {
         const N: usize = 16;
-        type Half = super::Word;
+        type Half = Self;
 
         #[inline(always)]
         unsafe fn load(p: *const u8) -> Self {
@@ -359,7 +360,11 @@ fn scan_blocks<B: Block>(buf: &[u8], st: &mut ScanState, pause: usize) -> Option
         };
         st.backslashes |= bs & before != 0;
         st.high |= block.high() & before != 0;
-        st.newlines += (block.eq(b'\n') & before).count_ones() as usize;
+        let newlines = block.eq(b'\n') & before;
+        if newlines != 0 {
+            // Rare, and x86-64's baseline has no popcount instruction.
+            st.newlines += newlines.count_ones() as usize;
+        }
         if closing != 0 {
             return Some(st.done(i + closing.trailing_zeros() as usize));
         }
@@ -628,12 +633,13 @@ unsafe fn unescape_run<B: Block, const K: u8>(
     }
 }
 
-/// Unescapes `src` (a token of kind `K`) into `dst`; returns the length written.
+/// Unescapes `src` (a token of kind `K`) into `dst` with blocks of type `B`, and the last
+/// bytes with blocks of type `T` (at most 16 bytes wide); returns the length written.
 ///
 /// # Safety
 /// `dst..dst + src.len() + OVERHANG` must be writable.
 #[inline(always)]
-unsafe fn unescape_with<B: Block, const K: u8>(src: &[u8], dst: *mut u8) -> usize {
+unsafe fn unescape_with<B: Block, T: Block, const K: u8>(src: &[u8], dst: *mut u8) -> usize {
     let mut carry = Carry::default();
     let (mut r, mut w) = (0, 0);
     // SAFETY: the caller's guarantee, and `w <= r` throughout. Narrower blocks take over
@@ -641,23 +647,25 @@ unsafe fn unescape_with<B: Block, const K: u8>(src: &[u8], dst: *mut u8) -> usiz
     unsafe {
         unescape_run::<B, K>(src, &mut r, &mut w, &mut carry, dst);
         unescape_run::<B::Half, K>(src, &mut r, &mut w, &mut carry, dst);
-        unescape_run::<<B::Half as Block>::Half, K>(src, &mut r, &mut w, &mut carry, dst);
+        unescape_run::<T, K>(src, &mut r, &mut w, &mut carry, dst);
     }
-    // The last bytes (fewer than 16), zero-padded so the same blocks apply: a zero byte is
-    // never a backslash nor completes an escape, so it is copied as it is and the padding
-    // written past the text is simply not counted.
+    // The last bytes (fewer than two blocks of `T`), zero-padded so the same blocks apply:
+    // a zero byte is never a backslash nor completes an escape, so it is copied as it is
+    // and the padding written past the text is simply not counted.
+    let n = T::N;
+    debug_assert!(n <= 16);
     let rest = src.len() - r;
-    debug_assert!(rest < 16);
-    let mut tail = [0u8; 3 * 8];
+    debug_assert!(rest < 2 * n);
+    let mut tail = [0u8; 3 * 16];
     tail[..rest].copy_from_slice(&src[r..]);
     let mut t = 0;
     while t < rest {
-        // SAFETY: `t <= 8`, so `t + 16 <= tail.len()`; `w <= r + t`, and the block writes
-        // at most 16 bytes past it, by `src.len() + 16`.
+        // SAFETY: `t <= n`, so `t + 2n <= 3n <= tail.len()`; `w <= r + t`, and the block
+        // writes at most `2n` bytes past it, by `r + 3n <= src.len() + 2n <= src.len() + 32`.
         w = unsafe {
-            unescape_block::<Word, K>(tail.as_ptr().add(t), tail[t + 8], &mut carry, dst, w)
+            unescape_block::<T, K>(tail.as_ptr().add(t), tail[t + n], &mut carry, dst, w)
         };
-        t += 8;
+        t += n;
     }
     w - (t.max(rest) - rest)
 }
@@ -670,7 +678,7 @@ pub type UnescapeFn = fn(&str, TokenKind, &mut String);
 /// # Safety
 /// The CPU must support `B`'s instructions.
 #[inline(always)]
-unsafe fn unescape_into_with<B: Block>(raw: &str, kind: TokenKind, out: &mut String) {
+unsafe fn unescape_into_with<B: Block, T: Block>(raw: &str, kind: TokenKind, out: &mut String) {
     let src = raw.as_bytes();
     // SAFETY: the bytes written are `raw`'s bytes with whole escape sequences (ASCII) either
     // kept, or replaced by a single ASCII byte; runs between them are cut next to ASCII
@@ -683,9 +691,9 @@ unsafe fn unescape_into_with<B: Block>(raw: &str, kind: TokenKind, out: &mut Str
     unsafe {
         let dst = buf.as_mut_ptr().add(base);
         let written = match kind {
-            TokenKind::Measurement => unescape_with::<B, MEASUREMENT>(src, dst),
-            TokenKind::Key => unescape_with::<B, KEY>(src, dst),
-            TokenKind::StringField => unescape_with::<B, STRING>(src, dst),
+            TokenKind::Measurement => unescape_with::<B, T, MEASUREMENT>(src, dst),
+            TokenKind::Key => unescape_with::<B, T, KEY>(src, dst),
+            TokenKind::StringField => unescape_with::<B, T, STRING>(src, dst),
         };
         buf.set_len(base + written);
     }
@@ -694,14 +702,14 @@ unsafe fn unescape_into_with<B: Block>(raw: &str, kind: TokenKind, out: &mut Str
 /// The portable implementation (eight bytes at a time).
 pub(crate) fn unescape_word(raw: &str, kind: TokenKind, out: &mut String) {
     // SAFETY: `Word` uses plain integer arithmetic only.
-    unsafe { unescape_into_with::<Word>(raw, kind, out) }
+    unsafe { unescape_into_with::<Word, Word>(raw, kind, out) }
 }
 
 /// The SSE2 implementation.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn unescape_sse2(raw: &str, kind: TokenKind, out: &mut String) {
     // SAFETY: SSE2 is part of the x86-64 baseline.
-    unsafe { unescape_into_with::<x86::Sse2>(raw, kind, out) }
+    unsafe { unescape_into_with::<x86::Sse2, x86::Sse2>(raw, kind, out) }
 }
 
 /// The AVX2 implementation.
@@ -712,7 +720,7 @@ pub(crate) fn unescape_sse2(raw: &str, kind: TokenKind, out: &mut String) {
 #[target_feature(enable = "avx2")]
 unsafe fn unescape_avx2_unchecked(raw: &str, kind: TokenKind, out: &mut String) {
     // SAFETY: the caller checked for AVX2.
-    unsafe { unescape_into_with::<x86::Avx2>(raw, kind, out) }
+    unsafe { unescape_into_with::<x86::Avx2, x86::Sse2>(raw, kind, out) }
 }
 
 /// The AVX2 implementation, or `None` when this CPU lacks AVX2.
@@ -729,7 +737,7 @@ pub(crate) fn unescape_avx2() -> Option<UnescapeFn> {
 #[cfg(target_arch = "aarch64")]
 pub(crate) fn unescape_neon(raw: &str, kind: TokenKind, out: &mut String) {
     // SAFETY: NEON is part of the aarch64 baseline.
-    unsafe { unescape_into_with::<arm::Neon>(raw, kind, out) }
+    unsafe { unescape_into_with::<arm::Neon, arm::Neon>(raw, kind, out) }
 }
 
 /// Every implementation this CPU can run, by name, the portable one first.
