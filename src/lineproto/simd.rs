@@ -413,10 +413,14 @@ fn scan_on_avx2() -> Option<ScanOnFn> {
     std::is_x86_feature_detected!("avx2").then_some(avx2 as ScanOnFn)
 }
 
+/// One whole string scan.
+#[cfg(test)]
+type ScanFn = fn(&[u8], usize) -> StringScan;
+
 /// Every string scan this CPU can run, by name, the portable one first.
 #[cfg(test)]
-fn scan_implementations() -> Vec<(&'static str, fn(&[u8], usize) -> StringScan)> {
-    let mut all: Vec<(&'static str, fn(&[u8], usize) -> StringScan)> =
+fn scan_implementations() -> Vec<(&'static str, ScanFn)> {
+    let mut all: Vec<(&'static str, ScanFn)> =
         vec![("word", scan_string_with::<Word>), ("default", scan_string)];
     #[cfg(target_arch = "x86_64")]
     {
@@ -670,8 +674,7 @@ unsafe fn unescape_with<B: Block, T: Block, const K: u8>(src: &[u8], dst: *mut u
     w - (t.max(rest) - rest)
 }
 
-/// One implementation of [`unescape_into`], by the width of its blocks.
-pub type UnescapeFn = fn(&str, TokenKind, &mut String);
+pub(crate) use super::UnescapeFn;
 
 /// Appends the unescaped `raw` to `out`, using blocks of type `B`.
 ///
