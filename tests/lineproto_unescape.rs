@@ -73,7 +73,7 @@ fn the_implementations_this_cpu_runs_are_all_tested() {
         assert!(names.contains(&"sse2"));
         assert_eq!(
             names.contains(&"avx2"),
-            std::is_x86_feature_detected!("avx2")
+            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("popcnt")
         );
     }
     #[cfg(target_arch = "aarch64")]
