@@ -476,9 +476,13 @@ mod tests {
             "the heartbeats after the panics applied",
             Duration::from_secs(10),
             || async {
+                // The counters are updated after the registry, so they are waited for too.
+                let stats = metrics.heartbeat_stats();
                 [&first, &second]
                     .iter()
                     .all(|id| registry.lookup(id).unwrap().state == State::Active)
+                    && stats.messages == 4
+                    && stats.panics == 2
             },
         )
         .await;
