@@ -626,23 +626,22 @@ impl JetStreamStore {
         self.cache.get(&key).map(|(_, r)| r.instance.clone())
     }
 
-    /// Copies a service (e.g. from SQLite) into the bucket unless its key exists: `Ok(true)`
-    /// when copied, `Ok(false)` with the instance id found when the key is taken.
+    /// Copies a service (e.g. from SQLite) into the bucket unless the bucket already has
+    /// its member; says which.
     pub async fn copy_in(&self, stored: &StoredService) -> Result<CopyOutcome, RegistryError> {
         let s = &stored.service;
         let key = service_key(s.scope, &s.cluster, &s.hostname, s.service_type);
         let record = Record::from_stored(stored);
         count(1);
-        match self.kv.create(kv_key(key), record.encode()).await {
+        // Revision 0: only if the key does not exist.
+        match self.kv.update(kv_key(key), record.encode(), 0).await {
             Ok(_) => Ok(CopyOutcome::Copied),
-            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
-                match JetStreamStore::fetch(&self.kv, key).await? {
-                    Some((_, Some(existing))) if existing.instance == record.instance => {
-                        Ok(CopyOutcome::AlreadyPresent)
-                    }
-                    _ => Ok(CopyOutcome::Differs),
+            Err(e) if lost_race(&e) => match JetStreamStore::fetch(&self.kv, key).await? {
+                Some((_, Some(existing))) if existing.instance == record.instance => {
+                    Ok(CopyOutcome::AlreadyPresent)
                 }
-            }
+                _ => Ok(CopyOutcome::Differs),
+            },
             Err(e) => Err(unavailable("copying a service record", e)),
         }
     }
