@@ -583,6 +583,39 @@ async fn a_deregistration_that_lost_a_race_to_a_re_registration_leaves_the_new_i
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_registered_through_another_server_a_moment_ago_is_never_unknown() {
+    let nats = NatsServer::start_jetstream();
+    let client = client(&nats.url()).await;
+    let elsewhere = registry_on(&client, "moment").await;
+    let store = JetStreamStore::open(client.clone(), settings("moment"))
+        .await
+        .unwrap();
+    let replication = store.replication();
+    let here = tokio::task::spawn_blocking(move || Registry::new(store))
+        .await
+        .unwrap()
+        .unwrap();
+    let (_stop, shutdown) = tokio::sync::watch::channel(false);
+    let _tasks = replication
+        .spawn(here.clone(), || {}, shutdown)
+        .await
+        .unwrap();
+    for i in 0..20 {
+        let id = elsewhere
+            .register(registration(&format!("m{i:02}")))
+            .await
+            .unwrap()
+            .instance_id;
+        // Each kind of request, straight after the registration was acknowledged.
+        match i % 3 {
+            0 => assert_eq!(here.heartbeat(&id).await.unwrap(), Some(true)),
+            1 => assert!(here.lookup_fresh(&id).await.is_some()),
+            _ => assert!(here.deregister(&id).await.unwrap()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_nats_down_writes_answer_500_with_cc_backends_body_and_acknowledged_ones_survive() {
     let mut nats = NatsServer::start_jetstream();
     let json = json!({

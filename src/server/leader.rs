@@ -62,7 +62,7 @@ impl Gate {
 
     fn lead_until(&self, until: Instant) -> bool {
         let mut state = self.state();
-        let gained = !state.until.is_some_and(|u| Instant::now() < u);
+        let gained = state.until.is_none_or(|u| Instant::now() >= u);
         state.until = Some(until);
         gained
     }

@@ -467,10 +467,7 @@ impl JetStreamStore {
     /// Reads one key's latest message from the stream leader (a replica may lag behind a
     /// write that just won a race): its revision and record (`None`: a delete marker), or
     /// `None` if the key never existed.
-    async fn fetch(
-        kv: &kv::Store,
-        key: i64,
-    ) -> Result<Option<(u64, Option<Record>)>, RegistryError> {
+    async fn fetch(kv: &kv::Store, key: i64) -> Result<Fetched, RegistryError> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;
         count(1);
         let subject = format!("{}{}", kv.prefix, kv_key(key));
@@ -559,10 +556,9 @@ impl JetStreamStore {
             }
             // Lost races: the newest records replace the cache (and, via corrections, the
             // index) and the ops are decided again on them.
-            let fresh: Vec<Result<Option<(u64, Option<Record>)>, RegistryError>> =
-                self.rt.block_on(futures::future::join_all(
-                    lost.iter().map(|&key| JetStreamStore::fetch(&kv, key)),
-                ));
+            let fresh: Vec<Result<Fetched, RegistryError>> = self.rt.block_on(
+                futures::future::join_all(lost.iter().map(|&key| JetStreamStore::fetch(&kv, key))),
+            );
             for (key, fresh) in lost.iter().zip(fresh) {
                 match fresh {
                     Ok(Some((revision, Some(record)))) => {
@@ -665,6 +661,9 @@ fn lost_race(e: &kv::UpdateError) -> bool {
     }
     false
 }
+
+/// A key's latest message as [`JetStreamStore::fetch`] read it.
+type Fetched = Option<(u64, Option<Record>)>;
 
 /// What [`JetStreamStore::copy_in`] did with one service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
