@@ -449,6 +449,7 @@ async fn a_killed_nats_node_and_a_restart_of_every_server_lose_nothing() {
         node.stop().await;
     }
     nats.nodes[0].restart();
+    jetstream_ready(&nats.url(0)).await;
     let mut nodes = Vec::new();
     for i in 0..3 {
         nodes.push(Node::start(config(&nats.url(i), "1s", Some(tree.path()))).await);

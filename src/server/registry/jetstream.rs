@@ -95,6 +95,8 @@ pub const DIGEST_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a request naming an instance this server does not know waits for the watch to
 /// catch up with the bucket.
 pub const CATCH_UP_WAIT: Duration = Duration::from_secs(2);
+/// How long start-up waits for JetStream to answer before it gives up.
+pub const OPEN_WAIT: Duration = Duration::from_secs(30);
 /// How long a JetStream request or write waits for its answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// The key of the roster publisher's lease.
@@ -282,7 +284,10 @@ impl Op {
             }
             (_, None) => Ok(None),
             (Op::Revive { instance, at }, Some(old)) => {
-                if old.instance != *instance || old.state() == Some(State::Deregistered) {
+                // Already active (another server revived it): the time is soft state.
+                if old.instance != *instance
+                    || matches!(old.state(), Some(State::Deregistered | State::Active))
+                {
                     return Ok(None);
                 }
                 let mut record = old.clone();
@@ -333,6 +338,8 @@ struct Replica {
     watch: Mutex<Option<kv::Watch>>,
     /// The highest bucket revision the index has taken over.
     applied: watch::Sender<u64>,
+    /// The highest bucket revision the watch has put into the inbox.
+    received: watch::Sender<u64>,
 }
 
 /// The JetStream key-value [`RegistryStore`]: writes go to the bucket with
@@ -414,13 +421,29 @@ pub async fn bucket(
 
 impl JetStreamStore {
     /// Opens the store on the bucket named in `settings`, creating the bucket if it is
-    /// missing. Must be called on a tokio runtime; the store's blocking methods (called by
-    /// the [`Registry`] on the blocking pool) run their requests on it.
+    /// missing; waits up to [`OPEN_WAIT`] for JetStream to answer (a cluster that restarts
+    /// with its fleet servers needs a moment to elect its leaders). Must be called on a
+    /// tokio runtime; the store's blocking methods (called by the [`Registry`] on the
+    /// blocking pool) run their requests on it.
     pub async fn open(
         client: async_nats::Client,
         settings: JetStreamSettings,
     ) -> Result<JetStreamStore, RegistryError> {
-        let kv = bucket(&client, &settings, true).await?;
+        let deadline = tokio::time::Instant::now() + OPEN_WAIT;
+        let mut logged = false;
+        let kv = loop {
+            match bucket(&client, &settings, true).await {
+                Ok(kv) => break kv,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    if !logged {
+                        tracing::warn!("fleet registry: waiting for JetStream: {e}");
+                        logged = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         Ok(JetStreamStore::with_bucket(client, kv, settings))
     }
 
@@ -442,6 +465,7 @@ impl JetStreamStore {
                 inbox: Mutex::new(Vec::new()),
                 watch: Mutex::new(None),
                 applied: watch::channel(0).0,
+                received: watch::channel(0).0,
             }),
             sender: u64::from_be_bytes(rand::random()),
         }
@@ -733,6 +757,7 @@ impl RegistryStore for JetStreamStore {
         }
         *self.replica.watch.lock().unwrap_or_else(|e| e.into_inner()) = Some(watch);
         self.replica.applied.send_replace(newest);
+        self.replica.received.send_replace(newest);
         Ok(stored)
     }
 
@@ -787,6 +812,9 @@ impl RegistryStore for JetStreamStore {
     }
 
     fn heartbeats(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError> {
+        // The instance may have been revived through another server a moment ago: one
+        // look at the bucket's end spares a write (and a lost race) per such heartbeat.
+        self.catch_up_cache();
         let ops = writes
             .iter()
             .filter_map(|&(key, at)| {
@@ -856,11 +884,28 @@ impl RegistryStore for JetStreamStore {
     }
 
     fn remote_changes(&mut self) -> Vec<(i64, Option<StoredService>)> {
-        let delivered =
-            std::mem::take(&mut *self.replica.inbox.lock().unwrap_or_else(|e| e.into_inner()));
+        self.fold_inbox();
         // The index takes over the cached record of every key that changed: the cache holds
         // the newest revision this server knows, whichever way it learned it.
-        let mut touched = std::mem::take(&mut self.corrections);
+        std::mem::take(&mut self.corrections)
+            .into_iter()
+            .map(|key| {
+                let stored = self
+                    .cache
+                    .get(&key)
+                    .and_then(|(_, record)| record.to_stored(key).ok());
+                (key, stored)
+            })
+            .collect()
+    }
+}
+
+impl JetStreamStore {
+    /// Takes what the watch delivered into the cache; the keys it changed wait in
+    /// `corrections` for the index.
+    fn fold_inbox(&mut self) {
+        let delivered =
+            std::mem::take(&mut *self.replica.inbox.lock().unwrap_or_else(|e| e.into_inner()));
         for d in delivered {
             let known = self
                 .cache
@@ -885,18 +930,28 @@ impl RegistryStore for JetStreamStore {
                     self.tombstones.insert(d.key, d.revision);
                 }
             }
-            touched.insert(d.key);
+            self.corrections.insert(d.key);
         }
-        touched
-            .into_iter()
-            .map(|key| {
-                let stored = self
-                    .cache
-                    .get(&key)
-                    .and_then(|(_, record)| record.to_stored(key).ok());
-                (key, stored)
-            })
-            .collect()
+    }
+
+    /// Waits (at most [`CATCH_UP_WAIT`]) until the watch has delivered everything the bucket
+    /// holds now, and takes it into the cache. Best effort: without it, writes still decide
+    /// on the newest record after a lost race.
+    fn catch_up_cache(&mut self) {
+        if self.connected().is_err() {
+            return;
+        }
+        let stream = self.kv.stream.clone();
+        let mut received = self.replica.received.subscribe();
+        count(1);
+        self.rt.block_on(async move {
+            let Ok(info) = stream.get_info().await else {
+                return;
+            };
+            let last = info.state.last_sequence;
+            let _ = tokio::time::timeout(CATCH_UP_WAIT, received.wait_for(|&r| r >= last)).await;
+        });
+        self.fold_inbox();
     }
 }
 
@@ -999,31 +1054,25 @@ impl Replication {
             .await
             .map_err(|e| unavailable("subscribing to last-seen digests", e))?;
         let changed = Arc::new(changed);
-        let watcher = tokio::spawn(watch_task(
-            self.kv,
-            self.replica,
+        let applier = tokio::spawn(apply_task(
+            self.replica.clone(),
             registry.clone(),
             changed,
             shutdown.clone(),
         ));
+        let watcher = tokio::spawn(watch_task(self.kv, self.replica, shutdown.clone()));
         let receiver = tokio::spawn(digest_task(digests, self.sender, registry, shutdown));
-        Ok(vec![watcher, receiver])
+        Ok(vec![watcher, applier, receiver])
     }
 }
 
-async fn watch_task(
-    kv: kv::Store,
-    replica: Arc<Replica>,
-    registry: Registry,
-    changed: Arc<dyn Fn() + Send + Sync>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+async fn watch_task(kv: kv::Store, replica: Arc<Replica>, mut shutdown: watch::Receiver<bool>) {
     let mut watch = replica
         .watch
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .take();
-    let mut received = *replica.applied.borrow();
+    let mut received = *replica.received.borrow();
     let mut failing = false;
     loop {
         let mut stream = match watch.take() {
@@ -1098,13 +1147,38 @@ async fn watch_task(
                     });
                 }
             }
-            match registry.apply_remote().await {
-                Ok(0) => {}
-                Ok(_) => changed(),
-                Err(e) => tracing::error!("fleet registry: applying bucket changes: {e}"),
-            }
-            replica.applied.send_replace(received);
+            // The index is updated by the applier task: a store call waiting for the watch
+            // (holding the store lock) must not keep the watch from reading on.
+            replica.received.send_replace(received);
         }
+    }
+}
+
+/// Takes what the watch delivered into the index, whenever it delivered something.
+async fn apply_task(
+    replica: Arc<Replica>,
+    registry: Registry,
+    changed: Arc<dyn Fn() + Send + Sync>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut received = replica.received.subscribe();
+    loop {
+        tokio::select! {
+            _ = super::super::stopped(&mut shutdown) => return,
+            r = received.changed() => if r.is_err() { return },
+        }
+        // Everything up to this revision is in the inbox (or already in the cache).
+        let target = *received.borrow_and_update();
+        match registry.apply_remote().await {
+            Ok(0) => {}
+            Ok(_) => changed(),
+            Err(e) => tracing::error!("fleet registry: applying bucket changes: {e}"),
+        }
+        replica.applied.send_if_modified(|applied| {
+            let moved = target > *applied;
+            *applied = (*applied).max(target);
+            moved
+        });
     }
 }
 
@@ -1231,6 +1305,13 @@ mod tests {
         assert!(
             revive
                 .apply(Some(&record(&old, State::Deregistered)))
+                .unwrap()
+                .is_none()
+        );
+        // One that another server revived already needs no write.
+        assert!(
+            revive
+                .apply(Some(&record(&old, State::Active)))
                 .unwrap()
                 .is_none()
         );
