@@ -512,6 +512,70 @@ async fn two_servers_racing_to_register_one_member_leave_one_identity() {
     assert_eq!(keys.iter().filter(|k| k.starts_with("svc.")).count(), 30);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_that_reach_only_other_servers_keep_an_instance_from_the_leaders_sweep() {
+    let _serial = SERIAL.lock().await;
+    let nats = NatsCluster::start();
+    jetstream_ready(&nats.url(0)).await;
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let mut json = config(&nats.url(i), "1s", None);
+        json["fleet"]["stale-after"] = Value::from("3s");
+        json["fleet"]["sweep-interval"] = Value::from("500ms");
+        nodes.push(Node::start(json).await);
+    }
+    let http = http();
+    eventually("one roster leader", Duration::from_secs(10), || async {
+        nodes
+            .iter()
+            .filter(|n| n.server().is_roster_leader())
+            .count()
+            == 1
+    })
+    .await;
+    let leader = nodes
+        .iter()
+        .position(|n| n.server().is_roster_leader())
+        .unwrap();
+    let others: Vec<&Node> = (0..3).filter(|&i| i != leader).map(|i| &nodes[i]).collect();
+    let kept = register_ok(
+        &http,
+        others[0].server(),
+        "cluster",
+        &member("kept", "ccmc"),
+    )
+    .await;
+    let silent = register_ok(
+        &http,
+        others[0].server(),
+        "cluster",
+        &member("silent", "ccmc"),
+    )
+    .await;
+    assert_eq!(heartbeat(&http, others[1].server(), &silent).await, 204);
+    // For three stale-after periods, heartbeats go only to the servers that do not sweep.
+    let until = Instant::now() + Duration::from_secs(9);
+    let mut turn = 0;
+    while Instant::now() < until {
+        assert_eq!(
+            heartbeat(&http, others[turn % 2].server(), &kept).await,
+            204
+        );
+        turn += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let state = nodes[leader].registry().lookup(&kept).unwrap().state;
+        assert_eq!(
+            state,
+            State::Active,
+            "the leader saw the others' heartbeats"
+        );
+    }
+    // The one that stopped heartbeating went stale, on every server.
+    for node in &nodes {
+        assert_eq!(node.registry().lookup(&silent).unwrap().state, State::Stale);
+    }
+}
+
 fn settings(bucket: &str) -> JetStreamSettings {
     JetStreamSettings {
         bucket: bucket.to_owned(),
