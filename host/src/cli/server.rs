@@ -125,12 +125,11 @@ async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         .await
         .context("reading the SQLite registry")?
         .with_context(|| format!("reading {}", args.from_sqlite.display()))?;
+    let options = nats.connect_options("ccfleet-migrate").await?;
     let client = nats
-        .connect_options("ccfleet-migrate")
-        .await?
-        .connect(nats.address.as_str())
+        .connect(options)
         .await
-        .with_context(|| format!("connecting to NATS at {}", nats.address))?;
+        .map_err(|e| anyhow::anyhow!("connecting to NATS at {}: {e}", nats.display_address()))?;
     let store = JetStreamStore::open(client.clone(), settings.clone()).await?;
     let (mut copied, mut present, mut skipped) = (0u64, 0u64, 0u64);
     let mut outcomes = futures::stream::iter(services.iter().map(|s| store.copy_in(s)))
