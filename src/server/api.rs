@@ -464,7 +464,8 @@ async fn config(
 ) -> Result<Response, ApiError> {
     let service = state
         .registry
-        .lookup(&id)
+        .lookup_fresh(&id)
+        .await
         .filter(|s| s.state != super::registry::State::Deregistered)
         .ok_or(ApiError::UnknownInstance)?;
     let resolved = state.tree.as_ref().and_then(|tree| {

@@ -69,6 +69,34 @@ pub struct ServerConfig {
     pub nats: Option<NatsConfig>,
     /// The fleet service settings.
     pub fleet: FleetConfig,
+    /// Where the registry lives (`registry`): SQLite (`db`, the default) or a JetStream
+    /// key-value bucket shared by several servers.
+    pub registry: RegistryConfig,
+}
+
+/// Default TTL of the roster publisher's lease with a JetStream registry.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+
+/// The `registry` section: `{"type": "sqlite"}` (the default; the file is the top-level
+/// `db`) or `{"type": "jetstream-kv", "bucket": ..., "replicas": ..., "lease-ttl": ...}`
+/// on the configured `nats` connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum RegistryConfig {
+    /// SQLite in the file `db` (in memory without one).
+    #[default]
+    Sqlite,
+    /// A JetStream key-value bucket, shared by every server configured with it.
+    JetStreamKv(super::registry::jetstream::JetStreamSettings),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawRegistry {
+    #[serde(rename = "type")]
+    kind: String,
+    bucket: Option<String>,
+    replicas: Option<i64>,
+    lease_ttl: Option<String>,
 }
 
 pub use crate::nats::NatsConfig;
@@ -160,6 +188,7 @@ struct RawConfig {
     nats: Option<NatsConfig>,
     #[serde(default)]
     fleet: RawFleet,
+    registry: Option<RawRegistry>,
 }
 
 // Durations stay strings here: cc-backend logs a malformed one and falls back to the
@@ -316,6 +345,7 @@ impl ServerConfig {
         {
             return Err(ServerError::InvalidConfig("nats.address is required"));
         }
+        let registry = registry_config(raw.registry, raw.db.is_some(), raw.nats.is_some())?;
         Ok(ServerConfig {
             addr: raw
                 .addr
@@ -330,7 +360,74 @@ impl ServerConfig {
             jwt_private_key: raw.jwt_private_key.filter(|s| !s.is_empty()),
             nats: raw.nats,
             fleet,
+            registry,
         })
+    }
+}
+
+fn registry_config(
+    raw: Option<RawRegistry>,
+    has_db: bool,
+    has_nats: bool,
+) -> Result<RegistryConfig, ServerError> {
+    let Some(raw) = raw else {
+        return Ok(RegistryConfig::Sqlite);
+    };
+    match raw.kind.as_str() {
+        "sqlite" => {
+            if raw.bucket.is_some() || raw.replicas.is_some() || raw.lease_ttl.is_some() {
+                return Err(ServerError::InvalidConfig(
+                    "registry: bucket, replicas and lease-ttl belong to \"type\": \"jetstream-kv\" (the SQLite file is the top-level db)",
+                ));
+            }
+            Ok(RegistryConfig::Sqlite)
+        }
+        "jetstream-kv" => {
+            if !has_nats {
+                return Err(ServerError::InvalidConfig(
+                    "registry: \"type\": \"jetstream-kv\" needs a nats connection",
+                ));
+            }
+            if has_db {
+                return Err(ServerError::InvalidConfig(
+                    "registry: db names a SQLite registry; with \"type\": \"jetstream-kv\" leave it out (copy it into the bucket with `ccfleet server migrate --from-sqlite FILE`)",
+                ));
+            }
+            let bucket = raw.bucket.unwrap_or_else(|| "ccfleet".to_owned());
+            if !super::registry::jetstream::is_bucket_name(&bucket) {
+                return Err(ServerError::InvalidConfig(
+                    "registry.bucket must be letters, digits, '-' and '_'",
+                ));
+            }
+            let replicas = match raw.replicas {
+                None => 1,
+                Some(n @ 1..=5) => n as usize,
+                Some(_) => {
+                    return Err(ServerError::InvalidConfig(
+                        "registry.replicas must be between 1 and 5",
+                    ));
+                }
+            };
+            let lease_ttl = match raw.lease_ttl.as_deref().map(crate::duration::parse) {
+                None => DEFAULT_LEASE_TTL,
+                Some(Ok(d)) if d >= Duration::from_millis(300) => d,
+                Some(_) => {
+                    return Err(ServerError::InvalidConfig(
+                        "registry.lease-ttl must be a duration of at least 300ms (e.g. \"5s\")",
+                    ));
+                }
+            };
+            Ok(RegistryConfig::JetStreamKv(
+                super::registry::jetstream::JetStreamSettings {
+                    bucket,
+                    replicas,
+                    lease_ttl,
+                },
+            ))
+        }
+        _ => Err(ServerError::InvalidConfig(
+            "registry.type must be \"sqlite\" or \"jetstream-kv\"",
+        )),
     }
 }
 
@@ -510,6 +607,62 @@ mod tests {
                 e.to_string().contains("fleet.heartbeat-pending-messages"),
                 "{bad}: {e}"
             );
+        }
+    }
+
+    #[test]
+    fn the_registry_section_selects_sqlite_or_a_jetstream_bucket() {
+        let nats = r#""nats": {"address": "nats://127.0.0.1:4222"}"#;
+        assert_eq!(
+            ServerConfig::from_json(r#"{"db": "fleet.sqlite"}"#)
+                .unwrap()
+                .registry,
+            RegistryConfig::Sqlite
+        );
+        let c = ServerConfig::from_json(&format!(
+            r#"{{{nats}, "registry": {{"type": "jetstream-kv", "bucket": "fleet-a", "replicas": 3, "lease-ttl": "2s"}}}}"#
+        ))
+        .unwrap();
+        let RegistryConfig::JetStreamKv(settings) = c.registry else {
+            panic!("not jetstream");
+        };
+        assert_eq!(
+            (
+                settings.bucket.as_str(),
+                settings.replicas,
+                settings.lease_ttl
+            ),
+            ("fleet-a", 3, Duration::from_secs(2))
+        );
+        let refused = [
+            (r#"{"registry": {"type": "jetstream-kv"}}"#, "needs a nats"),
+            (
+                &format!(r#"{{{nats}, "db": "x.sqlite", "registry": {{"type": "jetstream-kv"}}}}"#),
+                "migrate",
+            ),
+            (
+                &format!(r#"{{{nats}, "registry": {{"type": "jetstream-kv", "bucket": "a.b"}}}}"#),
+                "registry.bucket",
+            ),
+            (
+                &format!(r#"{{{nats}, "registry": {{"type": "jetstream-kv", "replicas": 7}}}}"#),
+                "registry.replicas",
+            ),
+            (
+                &format!(
+                    r#"{{{nats}, "registry": {{"type": "jetstream-kv", "lease-ttl": "1ms"}}}}"#
+                ),
+                "lease-ttl",
+            ),
+            (
+                r#"{"registry": {"type": "sqlite", "bucket": "x"}}"#,
+                "jetstream-kv",
+            ),
+            (r#"{"registry": {"type": "etcd"}}"#, "registry.type"),
+        ];
+        for (json, needle) in refused {
+            let e = ServerConfig::from_json(json).unwrap_err().to_string();
+            assert!(e.contains(needle), "{json}: {e}");
         }
     }
 }

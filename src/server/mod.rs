@@ -28,6 +28,7 @@ mod health;
 mod heartbeats;
 mod http;
 mod layer;
+pub mod leader;
 pub mod metrics;
 pub mod names;
 pub mod registry;
@@ -40,7 +41,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use config::{FleetConfig, HttpLimits, NatsConfig, ServerConfig};
+pub use config::{FleetConfig, HttpLimits, NatsConfig, RegistryConfig, ServerConfig};
 pub use error::{AuthError, RegistryError, RegistryErrorKind, ServerError, TreeError};
 pub use heartbeats::QUEUE_GROUP;
 pub use metrics::HeartbeatStats;
@@ -68,6 +69,7 @@ pub struct RunningServer {
     tree: Option<Arc<ConfigTree>>,
     registry: Registry,
     metrics: Arc<Metrics>,
+    gate: leader::Gate,
 }
 
 impl std::fmt::Debug for RunningServer {
@@ -130,8 +132,12 @@ fn spawn_sweeper(
     metrics_notify: RosterNotify,
     stale_after: Duration,
     interval: Duration,
+    gate: leader::Gate,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
+    // With a shared registry only the lease holder sweeps, and only once it has listened
+    // to the other servers' last-seen digests for a whole stale-after window.
+    let warm = tokio::time::Instant::now() + stale_after;
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -141,6 +147,9 @@ fn spawn_sweeper(
             tokio::select! {
                 _ = stopped(&mut shutdown) => return,
                 _ = ticker.tick() => {
+                    if !gate.is_leader() || tokio::time::Instant::now() < warm {
+                        continue;
+                    }
                     let cutoff = registry::unix_seconds().saturating_sub(stale_secs);
                     match registry.mark_stale(cutoff).await {
                         Ok(0) => {}
@@ -276,25 +285,6 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             None
         }
     };
-    let db = config.db.clone();
-    if db.is_none() {
-        tracing::warn!(
-            "fleet: no db configured; the registry lives in memory and is lost on restart"
-        );
-    }
-    let registry = blocking(move || Registry::open(db.as_deref())).await??;
-
-    let listener = tokio::net::TcpListener::bind(&config.addr)
-        .await
-        .map_err(|source| ServerError::Http {
-            addr: config.addr.clone(),
-            source,
-        })?;
-    let local_addr = listener.local_addr().map_err(|source| ServerError::Http {
-        addr: config.addr.clone(),
-        source,
-    })?;
-
     let metrics = Arc::new(Metrics::default());
     let roster_notify = RosterNotify::default();
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -312,6 +302,73 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         ),
         None => None,
     };
+    let (registry, gate, last_seen_interval) = match (&config.registry, &nats) {
+        (RegistryConfig::JetStreamKv(settings), Some(client)) => {
+            let store =
+                registry::jetstream::JetStreamStore::open(client.clone(), settings.clone()).await?;
+            let replication = store.replication();
+            let lease_bucket = store.bucket().clone();
+            let registry = blocking(move || Registry::new(store)).await??;
+            let notify = roster_notify.clone();
+            tasks.extend(
+                replication
+                    .spawn(
+                        registry.clone(),
+                        move || notify.notify(),
+                        shutdown_rx.clone(),
+                    )
+                    .await?,
+            );
+            let notify = roster_notify.clone();
+            let (gate, lease) = leader::spawn(
+                leader::Lease {
+                    kv: lease_bucket,
+                    ttl: settings.lease_ttl,
+                    on_gain: Box::new(move || notify.notify()),
+                },
+                shutdown_rx.clone(),
+            );
+            tasks.push(lease);
+            tracing::info!(
+                "fleet: registry in JetStream bucket {:?} ({} replica(s), roster lease {})",
+                settings.bucket,
+                settings.replicas,
+                crate::duration::format(settings.lease_ttl)
+            );
+            (registry, gate, registry::jetstream::DIGEST_INTERVAL)
+        }
+        (RegistryConfig::JetStreamKv(_), None) => {
+            return Err(ServerError::InvalidConfig(
+                "registry: \"type\": \"jetstream-kv\" needs a nats connection",
+            ));
+        }
+        (RegistryConfig::Sqlite, _) => {
+            let db = config.db.clone();
+            if db.is_none() {
+                tracing::warn!(
+                    "fleet: no db configured; the registry lives in memory and is lost on restart"
+                );
+            }
+            let registry = blocking(move || Registry::open(db.as_deref())).await??;
+            (
+                registry,
+                leader::Gate::always(),
+                registry::LAST_SEEN_FLUSH_INTERVAL,
+            )
+        }
+    };
+
+    let listener = tokio::net::TcpListener::bind(&config.addr)
+        .await
+        .map_err(|source| ServerError::Http {
+            addr: config.addr.clone(),
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| ServerError::Http {
+        addr: config.addr.clone(),
+        source,
+    })?;
+
     let consumer = match (&nats, &fleet.heartbeat_subject) {
         (Some(client), Some(subject)) => Some(
             heartbeats::spawn(
@@ -357,6 +414,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
                 interval: fleet.discovery_interval,
                 debounce: fleet.discovery_debounce,
                 signer,
+                gate: gate.clone(),
             },
             shutdown_rx.clone(),
         )),
@@ -368,7 +426,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     }
     tasks.push(spawn_last_seen_writer(
         registry.clone(),
-        registry::LAST_SEEN_FLUSH_INTERVAL,
+        last_seen_interval,
         shutdown_rx.clone(),
     ));
     tasks.push(spawn_sweeper(
@@ -376,6 +434,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         roster_notify.clone(),
         fleet.stale_after,
         fleet.sweep_interval,
+        gate.clone(),
         shutdown_rx.clone(),
     ));
     if let Some(tree) = &tree {
@@ -427,6 +486,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         tree,
         registry,
         metrics,
+        gate,
     })
 }
 
@@ -444,6 +504,12 @@ impl RunningServer {
     /// The registry (read access for tools, tests and benchmarks).
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// Whether this server publishes rosters and sweeps stale services now: always with a
+    /// registry of its own, only while it holds the lease with a shared one.
+    pub fn is_roster_leader(&self) -> bool {
+        self.gate.is_leader()
     }
 
     /// The heartbeat counters.

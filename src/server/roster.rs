@@ -211,6 +211,9 @@ pub(crate) struct PublisherConfig {
     pub debounce: Duration,
     /// Signs every roster when set.
     pub signer: Option<Arc<Keypair>>,
+    /// Rounds run only while this server holds the roster lease (servers sharing a
+    /// registry publish one at a time).
+    pub gate: super::leader::Gate,
 }
 
 /// Spawns the publisher: once at start, every `interval`, and after changes as the
@@ -357,6 +360,9 @@ impl Publisher {
     }
 
     async fn round(&mut self) {
+        if !self.config.gate.is_leader() {
+            return;
+        }
         let (rosters, skipped) = build_rosters(&self.registry.active(), &self.config.prefix);
         self.report_skipped(&skipped);
         if self.client.connection_state() != async_nats::connection::State::Connected {

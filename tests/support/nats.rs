@@ -17,6 +17,10 @@ pub struct NatsServer {
     child: Option<Child>,
     /// A configuration file (`-c`) and the directory that holds it.
     config: Option<(tempfile::TempDir, PathBuf)>,
+    /// Further command-line arguments (JetStream, clustering).
+    extra: Vec<String>,
+    /// The JetStream store directory (`-sd`), kept across restarts.
+    store: Option<tempfile::TempDir>,
 }
 
 /// Finds the nats-server binary or panics with installation advice.
@@ -60,6 +64,8 @@ impl NatsServer {
             port: free_port(),
             child: None,
             config: None,
+            extra: Vec::new(),
+            store: None,
         };
         server.restart();
         server
@@ -77,6 +83,8 @@ impl NatsServer {
             port: free_port(),
             child: None,
             config: Some((dir, path)),
+            extra: Vec::new(),
+            store: None,
         };
         server.restart();
         server
@@ -118,6 +126,7 @@ impl NatsServer {
         }
         let child = command
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -152,5 +161,85 @@ impl Drop for NatsServer {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+impl NatsServer {
+    /// Starts a single server with JetStream (its store in a temporary directory that
+    /// survives restarts).
+    pub fn start_jetstream() -> Self {
+        let store = tempfile::tempdir().expect("a JetStream store directory");
+        let mut server = NatsServer {
+            binary: nats_server_binary(),
+            port: free_port(),
+            child: None,
+            config: None,
+            extra: vec![
+                "-js".to_owned(),
+                "-sd".to_owned(),
+                store.path().display().to_string(),
+            ],
+            store: Some(store),
+        };
+        server.restart();
+        server
+    }
+}
+
+/// Three nats-servers with JetStream, routed into one cluster on loopback; each node keeps
+/// its store directory across restarts.
+pub struct NatsCluster {
+    /// The nodes; each can be killed and restarted on its own.
+    pub nodes: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    /// Starts a three-node JetStream cluster (JetStream needs a moment more to elect its
+    /// meta leader; clients retry until it answers).
+    pub fn start() -> Self {
+        let binary = nats_server_binary();
+        let cluster_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let name = format!("ccfleet-test-{}", free_port());
+        let nodes = (0..3)
+            .map(|i| {
+                let store = tempfile::tempdir().expect("a JetStream store directory");
+                let routes: Vec<String> = cluster_ports
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, port)| format!("nats://127.0.0.1:{port}"))
+                    .collect();
+                NatsServer {
+                    binary: binary.clone(),
+                    port: free_port(),
+                    child: None,
+                    config: None,
+                    extra: vec![
+                        "-js".to_owned(),
+                        "-sd".to_owned(),
+                        store.path().display().to_string(),
+                        "--server_name".to_owned(),
+                        format!("n{i}"),
+                        "--cluster_name".to_owned(),
+                        name.clone(),
+                        "--cluster".to_owned(),
+                        format!("nats://127.0.0.1:{}", cluster_ports[i]),
+                        "--routes".to_owned(),
+                        routes.join(","),
+                    ],
+                    store: Some(store),
+                }
+            })
+            .collect::<Vec<_>>();
+        let mut cluster = NatsCluster { nodes };
+        for node in &mut cluster.nodes {
+            node.restart();
+        }
+        cluster
+    }
+
+    /// The client URL of node `i`.
+    pub fn url(&self, i: usize) -> String {
+        self.nodes[i].url()
     }
 }

@@ -80,7 +80,7 @@ pub fn server(path: &Path) -> anyhow::Result<ExitCode> {
                 .to_owned(),
         );
     }
-    if config.db.is_none() {
+    if config.db.is_none() && config.registry == ccfleet::server::RegistryConfig::Sqlite {
         found
             .warnings
             .push("db is not set: the registry lives in memory and is lost on restart".to_owned());
@@ -104,6 +104,12 @@ pub fn server(path: &Path) -> anyhow::Result<ExitCode> {
         found
             .notes
             .push(format!("registry database {}", db.display()));
+    }
+    if let ccfleet::server::RegistryConfig::JetStreamKv(js) = &config.registry {
+        found.notes.push(format!(
+            "registry in JetStream bucket {} ({} replica(s))",
+            js.bucket, js.replicas
+        ));
     }
     found.finish(path)
 }

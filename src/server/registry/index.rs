@@ -440,6 +440,47 @@ impl Index {
         }
         counts
     }
+
+    /// Takes over a service another writer stored; a last-seen time in memory that is newer
+    /// than the stored one stays.
+    pub(super) fn take_over(&mut self, stored: StoredService) {
+        let mut service = stored.service;
+        if let Some((_, known)) = self.rows.get(&stored.key) {
+            service.last_heartbeat = service.last_heartbeat.max(known.last_heartbeat);
+        }
+        self.insert(stored.key, stored.instance, service);
+    }
+
+    /// Forgets a key (its record was deleted from the store).
+    pub(super) fn remove(&mut self, key: i64) {
+        if let Some((instance, _)) = self.rows.remove(&key) {
+            self.by_instance.remove(&instance);
+        }
+        self.dirty.remove(&key);
+    }
+
+    /// A last-seen time another server observed: moves the time forward, never the state,
+    /// and is not written behind (that server shares its own).
+    pub(super) fn seen(&mut self, key: i64, at: i64) {
+        if let Some((_, service)) = self.rows.get_mut(&key)
+            && service.state != State::Deregistered
+            && service.last_heartbeat.is_none_or(|last| last < at)
+        {
+            service.last_heartbeat = Some(at);
+        }
+    }
+
+    /// Every service with its key and instance id.
+    pub(super) fn stored(&self) -> Vec<StoredService> {
+        self.rows
+            .iter()
+            .map(|(&key, (instance, service))| StoredService {
+                key,
+                instance: *instance,
+                service: service.clone(),
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@
 //! after it are counted until a write succeeds again, which is logged too.
 
 mod index;
+pub mod jetstream;
 mod sqlite;
 
 use std::collections::BTreeMap;
@@ -255,7 +256,19 @@ pub trait RegistryStore: Send {
 
     /// A small write that shows whether the store takes writes at all.
     fn probe(&mut self) -> Result<(), RegistryError>;
+
+    /// Changes other writers (other servers sharing the store) made since the previous
+    /// call, for the index to take over: a key's newest service, or `None` when the key is
+    /// gone. Stores with a single writer have none.
+    fn remote_changes(&mut self) -> Vec<(i64, Option<StoredService>)> {
+        Vec::new()
+    }
 }
+
+/// Waits until the index holds every change the store had when it was called; `false`
+/// when that could not be established in time. Set by backends shared by several servers.
+pub type CatchUp =
+    Arc<dyn Fn() -> futures::future::BoxFuture<'static, bool> + Send + Sync + 'static>;
 
 /// How long the outcome of a write speaks for the store in health checks; after that
 /// they probe it with a write of their own.
@@ -274,6 +287,7 @@ struct Shared {
     index: RwLock<Index>,
     writes: WriteHealth,
     registrations: Mutex<RegistrationQueue>,
+    catch_up: std::sync::OnceLock<CatchUp>,
 }
 
 /// A registration waiting for its group commit, and where its answer goes.
@@ -383,6 +397,7 @@ impl Registry {
                 index: RwLock::new(index),
                 writes: WriteHealth::default(),
                 registrations: Mutex::new(RegistrationQueue::default()),
+                catch_up: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -436,7 +451,38 @@ impl Registry {
     /// store call, and acknowledged after it; the last-seen time of an instance that is
     /// already `active` changes in memory and is written behind by
     /// [`flush_last_seen`](Registry::flush_last_seen). A time never moves backwards.
+    ///
+    /// With a shared store, ids this server does not know yet get a second try once the
+    /// index caught up with the store (see [`Registry::set_catch_up`]).
     pub async fn heartbeat_batch(
+        &self,
+        beats: Vec<(u128, i64)>,
+    ) -> Result<BatchOutcome, RegistryError> {
+        if self.shared.catch_up.get().is_none() {
+            return self.heartbeat_batch_once(beats).await;
+        }
+        let copy = beats.clone();
+        let mut outcome = self.heartbeat_batch_once(beats).await?;
+        let retry: Vec<usize> = {
+            let index = self.index();
+            (0..copy.len())
+                .filter(|&i| !outcome.applied[i] && !index.knows(copy[i].0))
+                .collect()
+        };
+        if retry.is_empty() || !self.catch_up().await {
+            return Ok(outcome);
+        }
+        let again = self
+            .heartbeat_batch_once(retry.iter().map(|&i| copy[i]).collect())
+            .await?;
+        for (&i, applied) in retry.iter().zip(again.applied) {
+            outcome.applied[i] = applied;
+        }
+        outcome.activated += again.activated;
+        Ok(outcome)
+    }
+
+    async fn heartbeat_batch_once(
         &self,
         beats: Vec<(u128, i64)>,
     ) -> Result<BatchOutcome, RegistryError> {
@@ -539,6 +585,7 @@ impl Registry {
         let Some(instance) = parse_instance_id(instance_id) else {
             return Ok(false);
         };
+        self.catch_up_with(instance).await;
         self.with_store(move |shared, store| {
             let key = match shared.index().state_of(instance) {
                 Some((key, state)) if state != State::Deregistered => key,
@@ -562,6 +609,7 @@ impl Registry {
         let Some(instance) = parse_instance_id(instance_id) else {
             return Ok(());
         };
+        self.catch_up_with(instance).await;
         self.with_store(move |shared, store| {
             let Some((key, _)) = shared.index().state_of(instance) else {
                 return Ok(());
@@ -620,6 +668,69 @@ impl Registry {
     /// Instances per state.
     pub fn counts(&self) -> StateCounts {
         self.index().counts()
+    }
+
+    /// Lets requests that name an instance this server does not know wait for `catch_up`
+    /// and try once more (for stores shared by several servers). Set once; later calls
+    /// are ignored.
+    pub fn set_catch_up(&self, catch_up: CatchUp) {
+        let _ = self.shared.catch_up.set(catch_up);
+    }
+
+    /// Waits for the index to catch up with the store, if a shared store asked for it.
+    pub async fn catch_up(&self) -> bool {
+        match self.shared.catch_up.get() {
+            Some(catch_up) => catch_up().await,
+            None => true,
+        }
+    }
+
+    async fn catch_up_with(&self, instance: u128) {
+        if self.shared.catch_up.get().is_some() && !self.index().knows(instance) {
+            self.catch_up().await;
+        }
+    }
+
+    /// [`lookup`](Registry::lookup) that, for an id this server does not know, first waits
+    /// for the index to catch up with a shared store.
+    pub async fn lookup_fresh(&self, instance_id: &str) -> Option<Service> {
+        let instance = parse_instance_id(instance_id)?;
+        self.catch_up_with(instance).await;
+        self.lookup(instance_id)
+    }
+
+    /// Takes over the changes other servers made to a shared store
+    /// ([`RegistryStore::remote_changes`]); returns how many services changed. Last-seen
+    /// times in memory that are newer than the store's stay.
+    pub async fn apply_remote(&self) -> Result<usize, RegistryError> {
+        self.with_store(|shared, store| {
+            let changes = store.remote_changes();
+            let mut index = shared.index_mut();
+            let n = changes.len();
+            for (key, stored) in changes {
+                match stored {
+                    Some(s) => index.take_over(s),
+                    None => index.remove(key),
+                }
+            }
+            Ok(n)
+        })
+        .await
+    }
+
+    /// Applies last-seen times other servers observed (`(key, at)`): in memory only, never
+    /// written, and without changing any state.
+    pub fn apply_last_seen(&self, seen: &[(i64, i64)]) {
+        let mut index = self.shared.index_mut();
+        for &(key, at) in seen {
+            index.seen(key, at);
+        }
+    }
+
+    /// Every service with its store key and instance id, from the index (for tools such
+    /// as the migration to another store).
+    pub fn stored(&self) -> Vec<StoredService> {
+        self.index().stored()
     }
 }
 
