@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use super::{Service, State, StateCounts};
+use super::{Service, State, StateCounts, StoredService};
 use crate::wire::{Scope, ServiceType};
 
 /// What a heartbeat means for an instance.
@@ -144,6 +144,15 @@ impl KeyMap {
         }
     }
 
+    fn remove(&mut self, key: i64) {
+        if let Ok(i) = usize::try_from(key)
+            && let Some(slot) = self.dense.get_mut(i)
+        {
+            *slot = NO_SLOT;
+        }
+        self.sparse.remove(&key);
+    }
+
     fn insert(&mut self, key: i64, slot: u32) {
         match usize::try_from(key) {
             Ok(i) if i < self.dense.len() + DENSE_SLACK => {
@@ -193,7 +202,7 @@ impl Default for Index {
 impl Index {
     /// An index of what a store loaded.
     #[cfg(test)]
-    pub(super) fn from_stored(stored: Vec<super::StoredService>) -> Index {
+    pub(super) fn from_stored(stored: Vec<StoredService>) -> Index {
         let mut index = Index::default();
         index.slots.reserve_exact(stored.len());
         index.by_instance.reserve(stored.len());
@@ -445,39 +454,56 @@ impl Index {
     /// than the stored one stays.
     pub(super) fn take_over(&mut self, stored: StoredService) {
         let mut service = stored.service;
-        if let Some((_, known)) = self.rows.get(&stored.key) {
-            service.last_heartbeat = service.last_heartbeat.max(known.last_heartbeat);
-        }
+        service.last_heartbeat = service.last_heartbeat.max(self.last_heartbeat(stored.key));
         self.insert(stored.key, stored.instance, service);
     }
 
-    /// Forgets a key (its record was deleted from the store).
+    /// Forgets a key (its record was deleted from the store). The last slot moves into the
+    /// freed one, so the vector stays dense.
     pub(super) fn remove(&mut self, key: i64) {
-        if let Some((instance, _)) = self.rows.remove(&key) {
-            self.by_instance.remove(&instance);
+        let Some(index) = self.by_key.get(key) else {
+            return;
+        };
+        self.by_key.remove(key);
+        let last = u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 services");
+        let removed = self.slots.swap_remove(index as usize);
+        self.by_instance.remove(&removed.instance);
+        if removed.dirty {
+            self.dirty_count -= 1;
         }
-        self.dirty.remove(&key);
+        if index != last {
+            let moved = &self.slots[index as usize];
+            self.by_key.insert(moved.key, index);
+            self.by_instance.insert(moved.instance, index);
+            // Marks of the moved slot follow it; marks of the removed one now point at the
+            // moved slot, which `take_dirty` skips unless that slot is dirty itself.
+            for mark in &mut self.dirty {
+                if *mark == last {
+                    *mark = index;
+                }
+            }
+        }
     }
 
     /// A last-seen time another server observed: moves the time forward, never the state,
     /// and is not written behind (that server shares its own).
     pub(super) fn seen(&mut self, key: i64, at: i64) {
-        if let Some((_, service)) = self.rows.get_mut(&key)
-            && service.state != State::Deregistered
-            && service.last_heartbeat.is_none_or(|last| last < at)
+        if let Some(slot) = self.slot_mut(key)
+            && slot.state != State::Deregistered
+            && slot.last_heartbeat < at
         {
-            service.last_heartbeat = Some(at);
+            slot.last_heartbeat = at;
         }
     }
 
     /// Every service with its key and instance id.
     pub(super) fn stored(&self) -> Vec<StoredService> {
-        self.rows
+        self.slots
             .iter()
-            .map(|(&key, (instance, service))| StoredService {
-                key,
-                instance: *instance,
-                service: service.clone(),
+            .map(|slot| StoredService {
+                key: slot.key,
+                instance: (u128::from(slot.instance[0]) << 64) | u128::from(slot.instance[1]),
+                service: self.service(slot),
             })
             .collect()
     }
@@ -575,5 +601,35 @@ mod tests {
         assert_eq!(index.beat(1, 140), Beat::Seen);
         assert_eq!(index.dirty_len(), 2);
         assert_eq!(index.take_dirty(), vec![(2, 115), (1, 140)]);
+    }
+
+    #[test]
+    fn a_removed_key_leaves_every_other_service_and_its_unwritten_time_in_place() {
+        let mut index = Index::default();
+        for key in 1..=4 {
+            index.insert(key, key as u128, service(&format!("h{key}"), "c", &[]));
+            index.activated(key, 100);
+        }
+        assert_eq!(index.beat(2, 120), Beat::Seen);
+        assert_eq!(index.beat(4, 130), Beat::Seen);
+        // The last slot (key 4, dirty) moves into the place of key 2 (dirty too).
+        index.remove(2);
+        index.remove(2);
+        assert!(!index.knows(2));
+        assert_eq!(index.last_heartbeat(2), None);
+        for key in [1, 3, 4] {
+            let (found, service) = index.get(key as u128).expect("still there");
+            assert_eq!(
+                (found, service.hostname.as_str()),
+                (key, format!("h{key}").as_str())
+            );
+        }
+        assert_eq!(index.dirty_len(), 1);
+        assert_eq!(index.take_dirty(), vec![(4, 130)]);
+        let keys: Vec<i64> = index.stored().iter().map(|s| s.key).collect();
+        assert_eq!(keys.len(), 3);
+        index.insert(2, 22, service("h2", "c", &[]));
+        assert_eq!(index.get(22).map(|(key, _)| key), Some(2));
+        assert_eq!(index.get(4).map(|(key, _)| key), Some(4));
     }
 }
