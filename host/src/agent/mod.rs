@@ -4,6 +4,7 @@
 
 pub mod config;
 mod observe;
+pub mod sinks;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,7 +24,7 @@ pub use config::{
     AgentConfig, ConnectionReporter, DEFAULT_SHUTDOWN_TIMEOUT, MetricsConfig, NatsConfig, SinkKind,
 };
 
-use crate::sink::{self, SinkStats, Target};
+use crate::sink;
 use crate::types::{ConfigUpdate, Instance, Provider, Source};
 use crate::{FeedSenders, HostError, PluginEvent, PluginHandle, Runtime, RuntimeOptions};
 use observe::{ConfigState, Observed, ObservedPlugin};
@@ -294,36 +295,11 @@ impl Agent {
         }));
 
         let (sink_handle, batches) = sink::channel(SINK_CAPACITY);
-        let target = match (config.metrics.kind, &nats) {
-            (Some(SinkKind::Stdout), _) | (None, None) => Target::Stdout,
-            (_, Some(client)) => Target::Nats {
-                client: client.clone(),
-                subject: config.metrics.subject.clone().unwrap_or_else(|| {
-                    if cluster.is_empty() {
-                        "cc.metric".to_owned()
-                    } else {
-                        format!("cc.metric.{cluster}")
-                    }
-                }),
-            },
-            (Some(SinkKind::Nats), None) => {
-                return Err(AgentError::Config(
-                    "metrics.type is nats but there is no nats section".to_owned(),
-                ));
-            }
-        };
-        match &target {
-            Target::Nats { subject, .. } => tracing::info!(%subject, "metrics go to NATS"),
-            Target::Stdout => tracing::info!(
-                "metrics go to standard output (no nats section, or metrics.type is stdout)"
-            ),
-        }
-        let sink_kind = match target {
-            Target::Nats { .. } => "nats",
-            Target::Stdout => "stdout",
-        };
-        let sink_stats = Arc::new(SinkStats::default());
-        let sink_task = tokio::spawn(sink::run_counted(batches, target, sink_stats.clone()));
+        let sink_configs = sinks::effective(&config.sinks, &config.metrics, nats.is_some())?;
+        let sinks::Sinks {
+            info: sink_info,
+            task: sink_task,
+        } = sinks::start(batches, &sink_configs, nats.as_ref(), &cluster)?;
 
         let plugins: Vec<PluginHandle> = config
             .plugins
@@ -346,8 +322,7 @@ impl Agent {
                             stats: p.stats(),
                         })
                         .collect(),
-                    sink: sink_stats,
-                    sink_kind,
+                    sinks: sink_info,
                     client: client.clone(),
                     nats: nats.clone(),
                     config: config_seen,

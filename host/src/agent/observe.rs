@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::plugin::sink::SinkStats;
+use super::sinks::{SinkCounters, SinkInfo};
 use crate::plugin::stats::{CALLS, LATENCY_BUCKETS};
 use crate::plugin::{PluginState, PluginStats, PluginStatus};
 
@@ -57,9 +57,7 @@ pub(crate) struct ObservedPlugin {
 /// What the listener reads; all of it is shared with the running agent.
 pub(crate) struct Observed {
     pub plugins: Vec<ObservedPlugin>,
-    pub sink: Arc<SinkStats>,
-    /// `nats` or `stdout`.
-    pub sink_kind: &'static str,
+    pub sinks: Vec<SinkInfo>,
     pub client: Client,
     pub nats: Option<async_nats::Client>,
     pub config: watch::Receiver<ConfigState>,
@@ -247,27 +245,7 @@ impl Observed {
             }
         }
 
-        let sink = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-        let kind = self.sink_kind;
-        let _ = write!(
-            out,
-            "# HELP ccfleet_agent_sink_batches_total Batches of points written to the metric output.\n\
-             # TYPE ccfleet_agent_sink_batches_total counter\n\
-             ccfleet_agent_sink_batches_total{{sink=\"{kind}\"}} {}\n\
-             # HELP ccfleet_agent_sink_points_total Points written to the metric output.\n\
-             # TYPE ccfleet_agent_sink_points_total counter\n\
-             ccfleet_agent_sink_points_total{{sink=\"{kind}\"}} {}\n\
-             # HELP ccfleet_agent_sink_errors_total Batches the metric output could not write.\n\
-             # TYPE ccfleet_agent_sink_errors_total counter\n\
-             ccfleet_agent_sink_errors_total{{sink=\"{kind}\"}} {}\n\
-             # HELP ccfleet_agent_sink_points_lost_total Points in the batches the metric output could not write.\n\
-             # TYPE ccfleet_agent_sink_points_lost_total counter\n\
-             ccfleet_agent_sink_points_lost_total{{sink=\"{kind}\"}} {}\n",
-            sink(&self.sink.batches),
-            sink(&self.sink.points),
-            sink(&self.sink.errors),
-            sink(&self.sink.points_lost),
-        );
+        self.render_sinks(&mut out);
 
         let _ = write!(
             out,
@@ -322,6 +300,89 @@ impl Observed {
             config.source.as_str()
         );
         out
+    }
+
+    /// Every sink's counters, labelled by the sink's name.
+    fn render_sinks(&self, out: &mut String) {
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let families: [(
+            &str,
+            &str,
+            fn(&SinkCounters) -> &std::sync::atomic::AtomicU64,
+        ); 4] = [
+            (
+                "ccfleet_agent_sink_batches_total",
+                "Writes (NATS publishes, cc-metric-store requests, stdout writes) the sink made.",
+                |c| &c.batches,
+            ),
+            (
+                "ccfleet_agent_sink_points_total",
+                "Points the sink sent.",
+                |c| &c.sent,
+            ),
+            (
+                "ccfleet_agent_sink_errors_total",
+                "Writes of the sink that failed (each attempt, retried or not).",
+                |c| &c.errors,
+            ),
+            (
+                "ccfleet_agent_sink_retries_total",
+                "Failed cc-metric-store requests kept for another try.",
+                |c| &c.retried,
+            ),
+        ];
+        for (metric, help, counter) in families {
+            header(out, metric, "counter", help);
+            for sink in &self.sinks {
+                let _ = writeln!(
+                    out,
+                    "{metric}{{sink=\"{}\",type=\"{}\"}} {}",
+                    label(&sink.name),
+                    sink.kind.as_str(),
+                    load(counter(&sink.counters))
+                );
+            }
+        }
+        header(
+            out,
+            "ccfleet_agent_sink_points_lost_total",
+            "counter",
+            "Points the sink dropped, whatever the reason.",
+        );
+        for sink in &self.sinks {
+            let _ = writeln!(
+                out,
+                "ccfleet_agent_sink_points_lost_total{{sink=\"{}\",type=\"{}\"}} {}",
+                label(&sink.name),
+                sink.kind.as_str(),
+                sink.counters.dropped()
+            );
+        }
+        header(
+            out,
+            "ccfleet_agent_sink_points_dropped_total",
+            "counter",
+            "Points the sink dropped by reason: queue_full (it fell behind the plugins), \
+             retry_buffer_full (the oldest held for retrying), rejected (a 4xx answer other \
+             than 429), write_failed (no retry left).",
+        );
+        for sink in &self.sinks {
+            let c = &sink.counters;
+            for (reason, n) in [
+                ("queue_full", &c.dropped_queue_full),
+                ("retry_buffer_full", &c.dropped_retry_buffer),
+                ("rejected", &c.dropped_rejected),
+                ("write_failed", &c.dropped_failed),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "ccfleet_agent_sink_points_dropped_total{{sink=\"{}\",type=\"{}\",reason=\"{reason}\"}} {}",
+                    label(&sink.name),
+                    sink.kind.as_str(),
+                    load(n)
+                );
+            }
+        }
     }
 
     /// `/healthz`: 200 when everything is up, else 503; the body names each part's state.
