@@ -30,6 +30,7 @@ mod http;
 mod layer;
 pub mod metrics;
 pub mod names;
+pub mod plugins;
 pub mod registry;
 pub mod roster;
 
@@ -277,6 +278,19 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             None
         }
     };
+    let plugins = match fleet.plugin_dir.clone() {
+        Some(dir) => {
+            let shown = dir.display().to_string();
+            let plugins = blocking(move || plugins::PluginDir::open(&dir))
+                .await?
+                .map_err(|e| {
+                    ServerError::Plugins(format!("fleet.plugin-dir {shown}: cannot read: {e}"))
+                })?;
+            tracing::info!("fleet: plugin-dir {shown}: {} component(s)", plugins.len());
+            Some(Arc::new(plugins))
+        }
+        None => None,
+    };
     let db = config.db.clone();
     if db.is_none() {
         tracing::warn!(
@@ -396,6 +410,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         metrics: metrics.clone(),
         roster: roster_notify,
         health: health::Health::new(registry.clone(), nats.clone()),
+        plugins,
     });
     let app = http::harden(app, &config.http, metrics.clone());
     let http = tokio::spawn(http::serve(
