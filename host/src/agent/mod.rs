@@ -4,6 +4,7 @@
 
 pub mod config;
 mod observe;
+mod rollout;
 pub mod sinks;
 
 use std::net::SocketAddr;
@@ -136,6 +137,7 @@ pub struct RunningAgent {
     run: JoinHandle<Result<(), client::Error>>,
     forwarders: Vec<JoinHandle<()>>,
     discovery: Option<Arc<Cached>>,
+    rollout: Option<(watch::Sender<bool>, JoinHandle<()>)>,
     sink: Option<JoinHandle<()>>,
     observer: Option<(SocketAddr, JoinHandle<()>)>,
 }
@@ -170,6 +172,8 @@ impl Agent {
         let Agent { config, runtime } = self;
         let fleet = client::Config::from_value(config.fleet.clone())?;
         let cluster = fleet.cluster.clone();
+        let fleet_url = fleet.url.clone();
+        let poll_interval = fleet.config_poll_interval;
         // Bound first: a wrong address fails the start before anything else is set up.
         let listener = match &config.metrics_addr {
             Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| {
@@ -306,6 +310,43 @@ impl Agent {
             .iter()
             .map(|spec| runtime.spawn(spec.clone(), feeds.subscribe(), sink_handle.clone()))
             .collect();
+        let observed_plugins = Arc::new(std::sync::RwLock::new(
+            plugins
+                .iter()
+                .map(|p| ObservedPlugin {
+                    name: p.name().into(),
+                    status: p.status(),
+                    stats: p.stats(),
+                })
+                .collect::<Vec<_>>(),
+        ));
+        let rollouts = Arc::new(rollout::RolloutCounts::default());
+        let rollout = match fleet_plugin_dir(&config) {
+            Some(dir) => {
+                let token = client::Config::from_value(config.fleet.clone())?.resolve_token()?;
+                let fetcher =
+                    rollout::Fetcher::new(&fleet_url, &token, dir).map_err(AgentError::Config)?;
+                let (stop, stopped) = watch::channel(false);
+                let task = rollout::Rollout {
+                    runtime: runtime.clone(),
+                    feeds: feeds.clone(),
+                    sink: sink_handle.clone(),
+                    fetcher,
+                    local: plugins.iter().map(|p| p.name().to_owned()).collect(),
+                    observed: observed_plugins.clone(),
+                    counts: rollouts.clone(),
+                    retry_interval: poll_interval,
+                }
+                .spawn(initial.config.clone(), client.configs(), stopped);
+                Some((stop, task))
+            }
+            None => {
+                tracing::warn!(
+                    "no fleet-plugin-dir and no user cache directory: plugins named by the fleet are not run"
+                );
+                None
+            }
+        };
         drop(sink_handle);
 
         let observer = match listener {
@@ -314,14 +355,8 @@ impl Agent {
                     AgentError::Config(format!("metrics-addr: cannot read the bound address: {e}"))
                 })?;
                 let observed = Observed {
-                    plugins: plugins
-                        .iter()
-                        .map(|p| ObservedPlugin {
-                            name: p.name().into(),
-                            status: p.status(),
-                            stats: p.stats(),
-                        })
-                        .collect(),
+                    plugins: observed_plugins,
+                    rollouts,
                     sinks: sink_info,
                     client: client.clone(),
                     nats: nats.clone(),
@@ -346,10 +381,23 @@ impl Agent {
             run,
             forwarders,
             discovery: Some(cached),
+            rollout,
             sink: Some(sink_task),
             observer,
         })
     }
+}
+
+/// Where plugins named by the fleet are kept: `fleet-plugin-dir`, else `fleet-plugins`
+/// beside the compile cache.
+fn fleet_plugin_dir(config: &AgentConfig) -> Option<PathBuf> {
+    config.fleet_plugin_dir.clone().or_else(|| {
+        config
+            .plugin_cache_dir
+            .clone()
+            .or_else(crate::plugin::default_cache_dir)
+            .map(|dir| dir.with_file_name("fleet-plugins"))
+    })
 }
 
 fn default_port(config: &AgentConfig) -> u16 {
@@ -423,6 +471,10 @@ impl RunningAgent {
             for plugin in std::mem::take(&mut self.plugins) {
                 plugin.stop().await;
             }
+            if let Some((stop, task)) = self.rollout.take() {
+                stop.send_replace(true);
+                let _ = task.await;
+            }
             step = "service discovery";
             if let Some(cached) = self.discovery.take() {
                 cached.stop().await;
@@ -479,6 +531,9 @@ impl RunningAgent {
 impl Drop for RunningAgent {
     fn drop(&mut self) {
         for task in &self.forwarders {
+            task.abort();
+        }
+        if let Some((_, task)) = &self.rollout {
             task.abort();
         }
         if let Some(sink) = &self.sink {

@@ -56,7 +56,10 @@ pub(crate) struct ObservedPlugin {
 
 /// What the listener reads; all of it is shared with the running agent.
 pub(crate) struct Observed {
-    pub plugins: Vec<ObservedPlugin>,
+    /// The agent's own plugins, then the fleet's (which a rollout swaps).
+    pub plugins: Arc<std::sync::RwLock<Vec<ObservedPlugin>>>,
+    /// Rollout results of fleet plugins by plugin and result.
+    pub rollouts: Arc<super::rollout::RolloutCounts>,
     pub sinks: Vec<SinkInfo>,
     pub client: Client,
     pub nats: Option<async_nats::Client>,
@@ -114,12 +117,53 @@ impl Observed {
             label(env!("CARGO_PKG_VERSION"))
         );
 
-        let statuses: Vec<(String, PluginStatus)> = self
+        let (statuses, stats): (Vec<(String, PluginStatus)>, Vec<_>) = self
             .plugins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .map(|p| (label(&p.name), p.status.borrow().clone()))
-            .collect();
-        let stats: Vec<_> = self.plugins.iter().map(|p| p.stats.snapshot()).collect();
+            .map(|p| {
+                (
+                    (label(&p.name), p.status.borrow().clone()),
+                    p.stats.snapshot(),
+                )
+            })
+            .unzip();
+
+        header(
+            &mut out,
+            "ccfleet_agent_plugin_info",
+            "gauge",
+            "The SHA-256 of the component each plugin runs (always 1).",
+        );
+        for (name, status) in &statuses {
+            if let Some(hash) = &status.hash {
+                let _ = writeln!(
+                    out,
+                    "ccfleet_agent_plugin_info{{plugin=\"{name}\",sha256=\"{}\"}} 1",
+                    label(hash)
+                );
+            }
+        }
+        header(
+            &mut out,
+            "ccfleet_agent_plugin_rollouts_total",
+            "counter",
+            "Fleet plugin rollouts by result: swapped (the new version runs), download_failed, \
+             hash_mismatch, store_failed, instantiate_failed (the old version kept running).",
+        );
+        for ((plugin, result), n) in self
+            .rollouts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "ccfleet_agent_plugin_rollouts_total{{plugin=\"{}\",result=\"{result}\"}} {n}",
+                label(cap(plugin, MAX_REVISION))
+            );
+        }
 
         header(
             &mut out,
@@ -417,7 +461,12 @@ impl Observed {
                 let _ = writeln!(body, ", {n} operation(s) failing");
             }
         }
-        for plugin in &self.plugins {
+        for plugin in self
+            .plugins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
             let state = plugin.status.borrow().state;
             let down = matches!(state, PluginState::Quarantined | PluginState::LoadFailed);
             healthy &= !down;
