@@ -138,6 +138,7 @@ pub struct RunningAgent {
     forwarders: Vec<JoinHandle<()>>,
     discovery: Option<Arc<Cached>>,
     rollout: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+    sinks: Vec<sinks::SinkInfo>,
     sink: Option<JoinHandle<()>>,
     observer: Option<(SocketAddr, JoinHandle<()>)>,
 }
@@ -357,7 +358,7 @@ impl Agent {
                 let observed = Observed {
                     plugins: observed_plugins,
                     rollouts,
-                    sinks: sink_info,
+                    sinks: sink_info.clone(),
                     client: client.clone(),
                     nats: nats.clone(),
                     config: config_seen,
@@ -382,6 +383,7 @@ impl Agent {
             forwarders,
             discovery: Some(cached),
             rollout,
+            sinks: sink_info,
             sink: Some(sink_task),
             observer,
         })
@@ -432,6 +434,11 @@ impl RunningAgent {
     /// The supervised plugins.
     pub fn plugins(&self) -> &[PluginHandle] {
         &self.plugins
+    }
+
+    /// The metric sinks and their counters (which outlive the agent).
+    pub fn sinks(&self) -> &[sinks::SinkInfo] {
+        &self.sinks
     }
 
     /// The address `/metrics` and `/healthz` are served on (`None` without `metrics-addr`).

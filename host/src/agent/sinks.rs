@@ -525,7 +525,7 @@ impl HttpSink {
                 outbox.push_back(chunk);
             }
             if let Some(front) = outbox.front()
-                && retry_at.is_none_or(|t| now >= t)
+                && (closed || retry_at.is_none_or(|t| now >= t))
             {
                 let points = front.points;
                 match self.post(front.body.clone()).await {
