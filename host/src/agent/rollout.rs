@@ -172,6 +172,8 @@ impl Fetcher {
             value.set_sensitive(true);
             Some(value)
         };
+        // reqwest is built without a default crypto provider; ring is ours.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
