@@ -304,7 +304,13 @@ impl Agent {
         let sinks::Sinks {
             info: sink_info,
             task: sink_task,
-        } = sinks::start(batches, &sink_configs, nats.as_ref(), &cluster)?;
+        } = sinks::start(
+            batches,
+            &sink_configs,
+            nats.as_ref(),
+            &cluster,
+            config.sinks.is_empty(),
+        )?;
 
         let plugins: Vec<PluginHandle> = config
             .plugins

@@ -3,11 +3,15 @@
 //! batching, a bounded retry buffer, optional gzip) and `stdout`.
 //!
 //! ```json
-//! "sinks": {
-//!   "store": {"type": "http", "url": "http://ms01:8082/api/write", "cluster": "fritz",
-//!             "jwt-file": "/etc/cc/ccms.jwt", "batch-size": 1000, "flush-delay": "1s",
-//!             "gzip": true},
-//!   "bus":   {"type": "nats", "subject": "cc.metric.fritz"}
+//! {
+//!   "fleet": {"url": "http://backend:8080", "cluster": "fritz"},
+//!   "nats": {"address": "nats://nats01:4222"},
+//!   "sinks": {
+//!     "store": {"type": "http", "url": "http://ms01:8082/api/write", "cluster": "fritz",
+//!               "jwt-file": "/etc/cc/ccms.jwt", "batch-size": 1000, "flush-delay": "1s",
+//!               "gzip": true},
+//!     "bus":   {"type": "nats", "subject": "cc.metric.fritz"}
+//!   }
 //! }
 //! ```
 //!
@@ -337,12 +341,14 @@ pub(crate) struct Sinks {
     pub task: JoinHandle<()>,
 }
 
-/// Starts every sink of `configs` and the fan-out from `batches`.
+/// Starts every sink of `configs` and the fan-out from `batches`; `legacy` when they come
+/// from the `metrics` section (its log line names the choice).
 pub(crate) fn start(
     batches: BatchReceiver,
     configs: &BTreeMap<String, SinkConfig>,
     nats: Option<&async_nats::Client>,
     fleet_cluster: &str,
+    legacy: bool,
 ) -> Result<Sinks, AgentError> {
     let mut info = Vec::new();
     let mut queues = Vec::new();
@@ -353,7 +359,13 @@ pub(crate) fn start(
         let (tx, rx) = mpsc::channel(config.queue_size);
         let task = match config.kind {
             SinkType::Stdout => {
-                tracing::info!(sink = %name, "metrics go to standard output");
+                if legacy {
+                    tracing::info!(
+                        "metrics go to standard output (no nats section, or metrics.type is stdout)"
+                    );
+                } else {
+                    tracing::info!(sink = %name, "metrics go to standard output");
+                }
                 tokio::spawn(run_stdout(rx, counters.clone()))
             }
             SinkType::Nats => {

@@ -249,9 +249,9 @@ async fn check_agent(config: &AgentConfig, report: &mut Report) {
                 format!("sink {name}: cc-metric-store at {shown}")
             }
             ccfleet_host::agent::sinks::SinkType::Nats if config.nats.is_none() => {
-                report
-                    .errors
-                    .push(format!("sinks.{name} is of type nats but there is no nats section"));
+                report.errors.push(format!(
+                    "sinks.{name} is of type nats but there is no nats section"
+                ));
                 continue;
             }
             kind => format!("sink {name}: {}", kind.as_str()),

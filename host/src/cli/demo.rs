@@ -216,8 +216,7 @@ struct Version {
 
 impl Version {
     fn of(file: PathBuf) -> anyhow::Result<Version> {
-        let bytes =
-            std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+        let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
         Ok(Version {
             sha256: ccfleet::server::plugins::sha256_hex(&bytes),
             file,
@@ -273,8 +272,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         std::fs::copy(plugins.join(format!("{name}.wasm")), &copy)?;
         versions.push(Version::of(copy)?);
     }
-    let [v1, v2] = <[Version; 2]>::try_from(versions)
-        .map_err(|_| anyhow::anyhow!("two versions expected"))?;
+    let [v1, v2] =
+        <[Version; 2]>::try_from(versions).map_err(|_| anyhow::anyhow!("two versions expected"))?;
     let body = name_fleet_plugin(
         &tree,
         json!({"name": FLEET_PLUGIN, "sha256": v1.sha256, "collect-interval": "1s"}),
@@ -548,7 +547,10 @@ async fn narrate(
                "config": {"cluster": CLUSTER, "hostname": HOSTNAME},
                "capabilities": {"read-files": ["/proc/loadavg"]}}),
     )?;
-    say.say("operator", format!("ccmc/{CLUSTER}/defaults.json := {body}"));
+    say.say(
+        "operator",
+        format!("ccmc/{CLUSTER}/defaults.json := {body}"),
+    );
     server.reload_config().await?;
     say.say(
         "fleet server",
@@ -573,10 +575,7 @@ async fn narrate(
         }
     }
     if act_three_done(story) {
-        say.say(
-            "agent",
-            format!("{FLEET_PLUGIN} now runs {}…", v2.short()),
-        );
+        say.say("agent", format!("{FLEET_PLUGIN} now runs {}…", v2.short()));
     }
     if !with_nats {
         // The stdout sink prints on its own task: let the last batch out before the epilogue.
