@@ -104,7 +104,10 @@ async fn wait_until(what: &str, mut check: impl AsyncFnMut() -> bool) {
 }
 
 /// The three points one collect round makes of [`LOADAVG`], without their timestamp.
-fn expected_round() -> Vec<(String, Vec<(String, String)>, f64)> {
+/// A point without its timestamp: measurement, tags, value.
+type Bare = (String, Vec<(String, String)>, f64);
+
+fn expected_round() -> Vec<Bare> {
     let tags = vec![
         ("hostname".to_owned(), "node01".to_owned()),
         ("type".to_owned(), "node".to_owned()),
@@ -123,7 +126,7 @@ fn expected_round() -> Vec<(String, Vec<(String, String)>, f64)> {
 /// Checks every stored point against the rounds the plugin made: each timestamp carries
 /// exactly one round's three points.
 fn assert_whole_rounds(points: &[StoredPoint]) {
-    let mut by_time = std::collections::BTreeMap::<i64, Vec<_>>::new();
+    let mut by_time = std::collections::BTreeMap::<i64, Vec<Bare>>::new();
     for p in points {
         let mut tags = p.tags.clone();
         tags.sort();

@@ -30,6 +30,9 @@ const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Longest configuration revision shown; a longer one is cut (it comes from cc-backend).
 const MAX_REVISION: usize = 128;
 
+/// Picks one counter of a sink.
+type Counter = fn(&SinkCounters) -> &std::sync::atomic::AtomicU64;
+
 /// Every plugin state, in the order the `state` label lists them.
 const STATES: [(PluginState, &str); 6] = [
     (PluginState::Starting, "starting"),
@@ -349,11 +352,7 @@ impl Observed {
     /// Every sink's counters, labelled by the sink's name.
     fn render_sinks(&self, out: &mut String) {
         let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-        let families: [(
-            &str,
-            &str,
-            fn(&SinkCounters) -> &std::sync::atomic::AtomicU64,
-        ); 4] = [
+        let families: [(&str, &str, Counter); 4] = [
             (
                 "ccfleet_agent_sink_batches_total",
                 "Writes (NATS publishes, cc-metric-store requests, stdout writes) the sink made.",
