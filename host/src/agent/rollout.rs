@@ -320,12 +320,13 @@ impl Rollout {
             retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut open = true;
             loop {
-                let settled = tokio::select! {
+                // A stop ends a rollout midway: the half-started version is dropped (and so
+                // stopped) with the future.
+                tokio::select! {
                     biased;
                     _ = stop.changed() => break,
-                    () = self.apply(&current, &mut running, &mut failed) => true,
-                };
-                let _ = settled;
+                    () = self.apply(&current, &mut running, &mut failed) => {}
+                }
                 tokio::select! {
                     biased;
                     _ = stop.changed() => break,
