@@ -533,7 +533,6 @@ impl HttpSink {
                     let Some(old) = outbox.pop_front() else { break };
                     outbox_points -= old.points;
                     SinkCounters::add(&self.counters.dropped_retry_buffer, old.points);
-                    retry_at = None;
                 }
                 outbox_points += chunk.points;
                 outbox.push_back(chunk);
