@@ -173,7 +173,9 @@ impl Agent {
         let Agent { config, runtime } = self;
         let fleet = client::Config::from_value(config.fleet.clone())?;
         let cluster = fleet.cluster.clone();
-        let fleet_url = fleet.url.clone();
+        let fleet_urls: Vec<String> = std::iter::once(fleet.url.clone())
+            .chain(fleet.failover_urls.iter().cloned())
+            .collect();
         let poll_interval = fleet.config_poll_interval;
         // Bound first: a wrong address fails the start before anything else is set up.
         let listener = match &config.metrics_addr {
@@ -332,7 +334,7 @@ impl Agent {
             Some(dir) => {
                 let token = client::Config::from_value(config.fleet.clone())?.resolve_token()?;
                 let fetcher =
-                    rollout::Fetcher::new(&fleet_url, &token, dir).map_err(AgentError::Config)?;
+                    rollout::Fetcher::new(&fleet_urls, &token, dir).map_err(AgentError::Config)?;
                 let (stop, stopped) = watch::channel(false);
                 let task = rollout::Rollout {
                     runtime: runtime.clone(),

@@ -152,18 +152,19 @@ fn private_dir(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Downloads components from the fleet server.
+/// Downloads components from the fleet servers.
 pub(crate) struct Fetcher {
     http: reqwest::Client,
-    base: String,
+    /// The fleet servers in order of preference (`fleet.url`, then its failover entries).
+    bases: Vec<String>,
     token: Option<HeaderValue>,
     dir: PathBuf,
 }
 
 impl Fetcher {
-    /// A fetcher for the fleet server at `base` (`http://host:port`), keeping components in
-    /// `dir`.
-    pub(crate) fn new(base: &str, token: &str, dir: PathBuf) -> Result<Fetcher, String> {
+    /// A fetcher for the fleet servers at `bases` (`http://host:port`, in order of
+    /// preference), keeping components in `dir`.
+    pub(crate) fn new(bases: &[String], token: &str, dir: PathBuf) -> Result<Fetcher, String> {
         let token = if token.is_empty() {
             None
         } else {
@@ -180,7 +181,10 @@ impl Fetcher {
             .map_err(|e| format!("HTTP client: {e}"))?;
         Ok(Fetcher {
             http,
-            base: base.trim_end_matches('/').to_owned(),
+            bases: bases
+                .iter()
+                .map(|b| b.trim_end_matches('/').to_owned())
+                .collect(),
             token,
             dir,
         })
@@ -205,7 +209,46 @@ impl Fetcher {
             .await
             .map_err(|e| FetchError::Store(e.to_string()))?
             .map_err(|e| FetchError::Store(format!("{}: {e}", self.dir.display())))?;
-        let url = format!("{}/api/fleet/plugins/{sha256}", self.base);
+        // The first server that delivers the right content wins; a mismatch is reported
+        // over any other failure, since it is the one that points at tampering.
+        let mut failure = None;
+        let mut bytes = None;
+        for base in &self.bases {
+            match self.download(base, sha256).await {
+                Ok(got) => {
+                    bytes = Some(got);
+                    break;
+                }
+                Err(error) => {
+                    if !matches!(failure, Some(FetchError::Mismatch { .. })) {
+                        failure = Some(error);
+                    }
+                }
+            }
+        }
+        let Some(bytes) = bytes else {
+            return Err(failure
+                .unwrap_or_else(|| FetchError::Download("no fleet server is configured".into())));
+        };
+        let dir = self.dir.clone();
+        let target = path.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut file = tempfile::NamedTempFile::new_in(&dir)?;
+            file.write_all(&bytes)?;
+            file.as_file().sync_all()?;
+            file.persist(&target).map_err(|e| e.error)?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| FetchError::Store(e.to_string()))?
+        .map_err(|e| FetchError::Store(format!("{}: {e}", path.display())))?;
+        Ok(path)
+    }
+
+    /// The component of `sha256` from the server at `base`, checked against its hash.
+    async fn download(&self, base: &str, sha256: &str) -> Result<Vec<u8>, FetchError> {
+        let url = format!("{base}/api/fleet/plugins/{sha256}");
         let mut request = self.http.get(&url).timeout(Duration::from_secs(300));
         if let Some(token) = &self.token {
             request = request.header("X-Auth-Token", token.clone());
@@ -251,20 +294,7 @@ impl Fetcher {
         if got != sha256 {
             return Err(FetchError::Mismatch { got });
         }
-        let dir = self.dir.clone();
-        let target = path.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut file = tempfile::NamedTempFile::new_in(&dir)?;
-            file.write_all(&bytes)?;
-            file.as_file().sync_all()?;
-            file.persist(&target).map_err(|e| e.error)?;
-            Ok(())
-        })
-        .await
-        .map_err(|e| FetchError::Store(e.to_string()))?
-        .map_err(|e| FetchError::Store(format!("{}: {e}", path.display())))?;
-        Ok(path)
+        Ok(bytes)
     }
 }
 

@@ -473,6 +473,8 @@ async fn run_nats(
                 SinkCounters::add(&counters.sent, batch.points);
             }
             Err(error) => {
+                // NATS errors may quote the server URL with its credentials.
+                let error = ccfleet::nats::scrub(&error, &[]);
                 tracing::warn!(plugin = %batch.plugin, %error, "cannot publish metrics to NATS");
                 SinkCounters::add(&counters.errors, 1);
                 SinkCounters::add(&counters.dropped_failed, batch.points);
@@ -480,6 +482,7 @@ async fn run_nats(
         }
     }
     if let Err(error) = client.flush().await {
+        let error = ccfleet::nats::scrub(&error, &[]);
         tracing::warn!(%error, "cannot flush metrics to NATS");
     }
 }
