@@ -23,6 +23,7 @@ use super::error::{RegistryError, RegistryErrorKind};
 use super::health::Health;
 use super::metrics::Metrics;
 use super::names;
+use super::plugins::{PluginDir, is_sha256};
 use super::registry::{Registration, Registry};
 use super::roster::RosterNotify;
 use crate::untrusted::Untrusted;
@@ -41,6 +42,7 @@ pub(crate) struct AppState {
     pub metrics: Arc<Metrics>,
     pub roster: RosterNotify,
     pub health: Health,
+    pub plugins: Option<Arc<PluginDir>>,
 }
 
 /// Builds the router.
@@ -51,6 +53,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/fleet/heartbeat/{id}", post(heartbeat))
         .route("/api/fleet/config/{id}", get(config))
         .route("/api/fleet/deregister/{id}", delete(deregister))
+        .route("/api/fleet/plugins/{sha256}", get(plugin))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
         .merge(fleet)
@@ -510,6 +513,66 @@ async fn config(
         .headers_mut()
         .insert(HEADER_CONFIG_REVISION, rev_header);
     Ok(response)
+}
+
+/// A component of `fleet.plugin-dir` by the SHA-256 of its content, streamed.
+async fn plugin(State(state): State<AppState>, Path(sha256): Path<String>) -> Response {
+    if !is_sha256(&sha256) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "a plugin is named by its SHA-256: 64 lowercase hexadecimal digits",
+        );
+    }
+    let Some(dir) = state.plugins.clone() else {
+        return error(StatusCode::NOT_FOUND, "no plugin-dir is configured");
+    };
+    let lookup = sha256.clone();
+    let found = match tokio::task::spawn_blocking(move || dir.find(&lookup)).await {
+        Ok(found) => found,
+        Err(_) => return internal_error(),
+    };
+    let Some(found) = found else {
+        return error(StatusCode::NOT_FOUND, "no plugin has this SHA-256");
+    };
+    let file = match tokio::fs::File::open(&found.path).await {
+        Ok(file) => file,
+        Err(e) => {
+            tracing::warn!("fleet: cannot open plugin {}: {e}", found.path.display());
+            return error(StatusCode::NOT_FOUND, "no plugin has this SHA-256");
+        }
+    };
+    // Streamed in chunks: a component is never held in memory whole. The length is the
+    // indexed one, so a file rewritten while it is sent ends the response short and the
+    // agent's hash check refuses it.
+    let chunks = futures::stream::unfold((file, found.len), |(mut file, left)| async move {
+        use tokio::io::AsyncReadExt;
+        if left == 0 {
+            return None;
+        }
+        let mut buf = vec![0u8; (64 << 10).min(left as usize)];
+        match file.read(&mut buf).await {
+            Ok(0) => Some((
+                Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
+                (file, 0),
+            )),
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(Bytes::from(buf)), (file, left - n as u64)))
+            }
+            Err(e) => Some((Err(e), (file, 0))),
+        }
+    });
+    let mut response = Response::new(Body::from_stream(chunks));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/wasm"),
+    );
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(found.len));
+    if let Ok(etag) = HeaderValue::from_str(&format!("\"{sha256}\"")) {
+        headers.insert(header::ETAG, etag);
+    }
+    response
 }
 
 async fn deregister(

@@ -130,6 +130,9 @@ impl Default for HttpLimits {
 pub struct FleetConfig {
     /// Root of the config tree; `None` means every config pull answers 204.
     pub config_dir: Option<PathBuf>,
+    /// Directory of plugin components served by SHA-256 at `/api/fleet/plugins/{sha256}`;
+    /// `None` answers 404 for every plugin.
+    pub plugin_dir: Option<PathBuf>,
     /// Heartbeat age after which an `active` instance becomes `stale`.
     pub stale_after: Duration,
     /// Period of the stale sweep.
@@ -156,6 +159,7 @@ impl Default for FleetConfig {
     fn default() -> Self {
         FleetConfig {
             config_dir: None,
+            plugin_dir: None,
             stale_after: DEFAULT_STALE_AFTER,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             config_reload_interval: DEFAULT_CONFIG_RELOAD_INTERVAL,
@@ -197,6 +201,7 @@ struct RawConfig {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawFleet {
     config_dir: Option<PathBuf>,
+    plugin_dir: Option<PathBuf>,
     stale_after: Option<String>,
     sweep_interval: Option<String>,
     config_reload_interval: Option<String>,
@@ -285,6 +290,7 @@ impl ServerConfig {
         }
         let fleet = FleetConfig {
             config_dir: f.config_dir.filter(|p| !p.as_os_str().is_empty()),
+            plugin_dir: f.plugin_dir.filter(|p| !p.as_os_str().is_empty()),
             stale_after: duration_or_default(
                 "fleet.stale-after",
                 f.stale_after.as_deref(),
@@ -432,13 +438,17 @@ fn registry_config(
 }
 
 impl ServerConfig {
-    /// Resolves a relative `db` and `fleet.config-dir` against `base`, the directory of the
+    /// Resolves a relative `db`, `fleet.config-dir` and `fleet.plugin-dir` against `base`, the directory of the
     /// configuration file, so the server finds the same files whatever its working directory
     /// (`ccfleet server --config FILE` does this; the agent resolves its paths the same way).
     pub fn resolve_paths(&mut self, base: &Path) {
-        for path in [self.db.as_mut(), self.fleet.config_dir.as_mut()]
-            .into_iter()
-            .flatten()
+        for path in [
+            self.db.as_mut(),
+            self.fleet.config_dir.as_mut(),
+            self.fleet.plugin_dir.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
         {
             if path.is_relative() {
                 *path = base.join(&*path);

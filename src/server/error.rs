@@ -31,6 +31,9 @@ pub enum ServerError {
     /// to the configured public key.
     #[error("JWT private key (signs discovery rosters): {0}")]
     PrivateKey(#[source] AuthError),
+    /// `fleet.plugin-dir` cannot be read at start-up.
+    #[error("{0}")]
+    Plugins(String),
     /// The config tree cannot be loaded at start-up.
     #[error(transparent)]
     ConfigTree(#[from] TreeError),

@@ -31,6 +31,7 @@ mod layer;
 pub mod leader;
 pub mod metrics;
 pub mod names;
+pub mod plugins;
 pub mod registry;
 pub mod roster;
 
@@ -285,6 +286,19 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             None
         }
     };
+    let plugins = match fleet.plugin_dir.clone() {
+        Some(dir) => {
+            let shown = dir.display().to_string();
+            let plugins = blocking(move || plugins::PluginDir::open(&dir))
+                .await?
+                .map_err(|e| {
+                    ServerError::Plugins(format!("fleet.plugin-dir {shown}: cannot read: {e}"))
+                })?;
+            tracing::info!("fleet: plugin-dir {shown}: {} component(s)", plugins.len());
+            Some(Arc::new(plugins))
+        }
+        None => None,
+    };
     let metrics = Arc::new(Metrics::default());
     let roster_notify = RosterNotify::default();
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -454,6 +468,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         metrics: metrics.clone(),
         roster: roster_notify,
         health: health::Health::new(registry.clone(), nats.clone()),
+        plugins,
     });
     let app = http::harden(app, &config.http, metrics.clone());
     let http = tokio::spawn(http::serve(

@@ -50,9 +50,17 @@ pub struct AgentConfig {
     /// How often discovery is refreshed.
     #[serde(default = "default_discovery_interval", with = "serde_go")]
     pub discovery_refresh_interval: Duration,
-    /// Where emitted metrics go.
+    /// Where emitted metrics go (the single-sink form; `sinks` replaces it).
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Named metric sinks, as cc-metric-collector configures them: `nats`, `http`
+    /// (cc-metric-store's write API) and `stdout`; every point goes to every sink.
+    #[serde(default)]
+    pub sinks: BTreeMap<String, super::sinks::SinkConfig>,
+    /// Where plugins the fleet names by SHA-256 are kept once downloaded; `fleet-plugins`
+    /// beside the compile cache by default.
+    #[serde(default)]
+    pub fleet_plugin_dir: Option<PathBuf>,
     /// Where compiled plugins are cached; the user cache directory by default.
     #[serde(default)]
     pub plugin_cache_dir: Option<PathBuf>,
@@ -105,6 +113,7 @@ impl fmt::Debug for AgentConfig {
             .field("nats", &self.nats)
             .field("discovery", &self.discovery.as_ref().map(|d| &d.provider))
             .field("metrics", &self.metrics)
+            .field("sinks", &self.sinks)
             .field("plugins", &self.plugins)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("metrics_addr", &self.metrics_addr)
@@ -141,11 +150,19 @@ impl AgentConfig {
                 "shutdown-timeout must be positive".to_owned(),
             ));
         }
-        if let Some(dir) = &mut config.plugin_cache_dir
-            && dir.is_relative()
+        for dir in [&mut config.plugin_cache_dir, &mut config.fleet_plugin_dir]
+            .into_iter()
+            .flatten()
         {
-            *dir = base.join(&*dir);
+            if dir.is_relative() {
+                *dir = base.join(&*dir);
+            }
         }
+        for (name, sink) in &mut config.sinks {
+            sink.validate(name).map_err(AgentError::Config)?;
+            sink.resolve_paths(base);
+        }
+        super::sinks::effective(&config.sinks, &config.metrics, config.nats.is_some())?;
         // Every relative path of the file means the same wherever the agent is started.
         if let Some(serde_json::Value::String(cache)) = config.fleet.get_mut("cache-path")
             && !cache.is_empty()
@@ -177,7 +194,7 @@ impl AgentConfig {
 
     /// The files holding the agent's secrets, which no plugin may read whatever its grant:
     /// this configuration file, the token file (`token_file`: the value of
-    /// `CC_FLEET_TOKEN_FILE`), the NATS credentials file and the compile cache's key
+    /// `CC_FLEET_TOKEN_FILE`), the NATS credentials file, the sinks' JWT files and the compile cache's key
     /// (`<cache dir>.key`, beside `cache_dir`).
     pub fn secret_files(
         &self,
@@ -193,6 +210,8 @@ impl AgentConfig {
         {
             files.push(PathBuf::from(&nats.creds_file_path));
         }
+        // cc-metric-store's JWTs.
+        files.extend(self.sinks.values().filter_map(|s| s.jwt_file.clone()));
         if let Some(dir) = cache_dir {
             let mut key = dir.as_os_str().to_owned();
             key.push(".key");

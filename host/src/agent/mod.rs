@@ -4,6 +4,8 @@
 
 pub mod config;
 mod observe;
+mod rollout;
+pub mod sinks;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,7 +25,7 @@ pub use config::{
     AgentConfig, ConnectionReporter, DEFAULT_SHUTDOWN_TIMEOUT, MetricsConfig, NatsConfig, SinkKind,
 };
 
-use crate::sink::{self, SinkStats, Target};
+use crate::sink;
 use crate::types::{ConfigUpdate, Instance, Provider, Source};
 use crate::{FeedSenders, HostError, PluginEvent, PluginHandle, Runtime, RuntimeOptions};
 use observe::{ConfigState, Observed, ObservedPlugin};
@@ -135,6 +137,8 @@ pub struct RunningAgent {
     run: JoinHandle<Result<(), client::Error>>,
     forwarders: Vec<JoinHandle<()>>,
     discovery: Option<Arc<Cached>>,
+    rollout: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+    sinks: Vec<sinks::SinkInfo>,
     sink: Option<JoinHandle<()>>,
     observer: Option<(SocketAddr, JoinHandle<()>)>,
 }
@@ -169,6 +173,10 @@ impl Agent {
         let Agent { config, runtime } = self;
         let fleet = client::Config::from_value(config.fleet.clone())?;
         let cluster = fleet.cluster.clone();
+        let fleet_urls: Vec<String> = std::iter::once(fleet.url.clone())
+            .chain(fleet.failover_urls.iter().cloned())
+            .collect();
+        let poll_interval = fleet.config_poll_interval;
         // Bound first: a wrong address fails the start before anything else is set up.
         let listener = match &config.metrics_addr {
             Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| {
@@ -294,42 +302,60 @@ impl Agent {
         }));
 
         let (sink_handle, batches) = sink::channel(SINK_CAPACITY);
-        let target = match (config.metrics.kind, &nats) {
-            (Some(SinkKind::Stdout), _) | (None, None) => Target::Stdout,
-            (_, Some(client)) => Target::Nats {
-                client: client.clone(),
-                subject: config.metrics.subject.clone().unwrap_or_else(|| {
-                    if cluster.is_empty() {
-                        "cc.metric".to_owned()
-                    } else {
-                        format!("cc.metric.{cluster}")
-                    }
-                }),
-            },
-            (Some(SinkKind::Nats), None) => {
-                return Err(AgentError::Config(
-                    "metrics.type is nats but there is no nats section".to_owned(),
-                ));
-            }
-        };
-        match &target {
-            Target::Nats { subject, .. } => tracing::info!(%subject, "metrics go to NATS"),
-            Target::Stdout => tracing::info!(
-                "metrics go to standard output (no nats section, or metrics.type is stdout)"
-            ),
-        }
-        let sink_kind = match target {
-            Target::Nats { .. } => "nats",
-            Target::Stdout => "stdout",
-        };
-        let sink_stats = Arc::new(SinkStats::default());
-        let sink_task = tokio::spawn(sink::run_counted(batches, target, sink_stats.clone()));
+        let sink_configs = sinks::effective(&config.sinks, &config.metrics, nats.is_some())?;
+        let sinks::Sinks {
+            info: sink_info,
+            task: sink_task,
+        } = sinks::start(
+            batches,
+            &sink_configs,
+            nats.as_ref(),
+            &cluster,
+            config.sinks.is_empty(),
+        )?;
 
         let plugins: Vec<PluginHandle> = config
             .plugins
             .iter()
             .map(|spec| runtime.spawn(spec.clone(), feeds.subscribe(), sink_handle.clone()))
             .collect();
+        let observed_plugins = Arc::new(std::sync::RwLock::new(
+            plugins
+                .iter()
+                .map(|p| ObservedPlugin {
+                    name: p.name().into(),
+                    status: p.status(),
+                    stats: p.stats(),
+                })
+                .collect::<Vec<_>>(),
+        ));
+        let rollouts = Arc::new(rollout::RolloutCounts::default());
+        let rollout = match fleet_plugin_dir(&config) {
+            Some(dir) => {
+                let token = client::Config::from_value(config.fleet.clone())?.resolve_token()?;
+                let fetcher =
+                    rollout::Fetcher::new(&fleet_urls, &token, dir).map_err(AgentError::Config)?;
+                let (stop, stopped) = watch::channel(false);
+                let task = rollout::Rollout {
+                    runtime: runtime.clone(),
+                    feeds: feeds.clone(),
+                    sink: sink_handle.clone(),
+                    fetcher,
+                    local: plugins.iter().map(|p| p.name().to_owned()).collect(),
+                    observed: observed_plugins.clone(),
+                    counts: rollouts.clone(),
+                    retry_interval: poll_interval,
+                }
+                .spawn(initial.config.clone(), client.configs(), stopped);
+                Some((stop, task))
+            }
+            None => {
+                tracing::warn!(
+                    "no fleet-plugin-dir and no user cache directory: plugins named by the fleet are not run"
+                );
+                None
+            }
+        };
         drop(sink_handle);
 
         let observer = match listener {
@@ -338,16 +364,9 @@ impl Agent {
                     AgentError::Config(format!("metrics-addr: cannot read the bound address: {e}"))
                 })?;
                 let observed = Observed {
-                    plugins: plugins
-                        .iter()
-                        .map(|p| ObservedPlugin {
-                            name: p.name().into(),
-                            status: p.status(),
-                            stats: p.stats(),
-                        })
-                        .collect(),
-                    sink: sink_stats,
-                    sink_kind,
+                    plugins: observed_plugins,
+                    rollouts,
+                    sinks: sink_info.clone(),
                     client: client.clone(),
                     nats: nats.clone(),
                     config: config_seen,
@@ -371,10 +390,24 @@ impl Agent {
             run,
             forwarders,
             discovery: Some(cached),
+            rollout,
+            sinks: sink_info,
             sink: Some(sink_task),
             observer,
         })
     }
+}
+
+/// Where plugins named by the fleet are kept: `fleet-plugin-dir`, else `fleet-plugins`
+/// beside the compile cache.
+fn fleet_plugin_dir(config: &AgentConfig) -> Option<PathBuf> {
+    config.fleet_plugin_dir.clone().or_else(|| {
+        config
+            .plugin_cache_dir
+            .clone()
+            .or_else(crate::plugin::default_cache_dir)
+            .map(|dir| dir.with_file_name("fleet-plugins"))
+    })
 }
 
 fn default_port(config: &AgentConfig) -> u16 {
@@ -409,6 +442,11 @@ impl RunningAgent {
     /// The supervised plugins.
     pub fn plugins(&self) -> &[PluginHandle] {
         &self.plugins
+    }
+
+    /// The metric sinks and their counters (which outlive the agent).
+    pub fn sinks(&self) -> &[sinks::SinkInfo] {
+        &self.sinks
     }
 
     /// The address `/metrics` and `/healthz` are served on (`None` without `metrics-addr`).
@@ -447,6 +485,10 @@ impl RunningAgent {
             step = "the plugins";
             for plugin in std::mem::take(&mut self.plugins) {
                 plugin.stop().await;
+            }
+            if let Some((stop, task)) = self.rollout.take() {
+                stop.send_replace(true);
+                let _ = task.await;
             }
             step = "service discovery";
             if let Some(cached) = self.discovery.take() {
@@ -504,6 +546,9 @@ impl RunningAgent {
 impl Drop for RunningAgent {
     fn drop(&mut self) {
         for task in &self.forwarders {
+            task.abort();
+        }
+        if let Some((_, task)) = &self.rollout {
             task.abort();
         }
         if let Some(sink) = &self.sink {

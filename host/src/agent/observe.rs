@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::plugin::sink::SinkStats;
+use super::sinks::{SinkCounters, SinkInfo};
 use crate::plugin::stats::{CALLS, LATENCY_BUCKETS};
 use crate::plugin::{PluginState, PluginStats, PluginStatus};
 
@@ -30,6 +30,9 @@ use crate::plugin::{PluginState, PluginStats, PluginStatus};
 const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Longest configuration revision shown; a longer one is cut (it comes from cc-backend).
 const MAX_REVISION: usize = 128;
+
+/// Picks one counter of a sink.
+type Counter = fn(&SinkCounters) -> &std::sync::atomic::AtomicU64;
 
 /// Every plugin state, in the order the `state` label lists them.
 const STATES: [(PluginState, &str); 6] = [
@@ -57,10 +60,11 @@ pub(crate) struct ObservedPlugin {
 
 /// What the listener reads; all of it is shared with the running agent.
 pub(crate) struct Observed {
-    pub plugins: Vec<ObservedPlugin>,
-    pub sink: Arc<SinkStats>,
-    /// `nats` or `stdout`.
-    pub sink_kind: &'static str,
+    /// The agent's own plugins, then the fleet's (which a rollout swaps).
+    pub plugins: Arc<std::sync::RwLock<Vec<ObservedPlugin>>>,
+    /// Rollout results of fleet plugins by plugin and result.
+    pub rollouts: Arc<super::rollout::RolloutCounts>,
+    pub sinks: Vec<SinkInfo>,
     pub client: Client,
     pub nats: Option<async_nats::Client>,
     pub config: watch::Receiver<ConfigState>,
@@ -117,12 +121,53 @@ impl Observed {
             label(env!("CARGO_PKG_VERSION"))
         );
 
-        let statuses: Vec<(String, PluginStatus)> = self
+        let (statuses, stats): (Vec<(String, PluginStatus)>, Vec<_>) = self
             .plugins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .map(|p| (label(&p.name), p.status.borrow().clone()))
-            .collect();
-        let stats: Vec<_> = self.plugins.iter().map(|p| p.stats.snapshot()).collect();
+            .map(|p| {
+                (
+                    (label(&p.name), p.status.borrow().clone()),
+                    p.stats.snapshot(),
+                )
+            })
+            .unzip();
+
+        header(
+            &mut out,
+            "ccfleet_agent_plugin_info",
+            "gauge",
+            "The SHA-256 of the component each plugin runs (always 1).",
+        );
+        for (name, status) in &statuses {
+            if let Some(hash) = &status.hash {
+                let _ = writeln!(
+                    out,
+                    "ccfleet_agent_plugin_info{{plugin=\"{name}\",sha256=\"{}\"}} 1",
+                    label(hash)
+                );
+            }
+        }
+        header(
+            &mut out,
+            "ccfleet_agent_plugin_rollouts_total",
+            "counter",
+            "Fleet plugin rollouts by result: swapped (the new version runs), download_failed, \
+             hash_mismatch, store_failed, instantiate_failed (the old version kept running).",
+        );
+        for ((plugin, result), n) in self
+            .rollouts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "ccfleet_agent_plugin_rollouts_total{{plugin=\"{}\",result=\"{result}\"}} {n}",
+                label(cap(plugin, MAX_REVISION))
+            );
+        }
 
         header(
             &mut out,
@@ -248,27 +293,7 @@ impl Observed {
             }
         }
 
-        let sink = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-        let kind = self.sink_kind;
-        let _ = write!(
-            out,
-            "# HELP ccfleet_agent_sink_batches_total Batches of points written to the metric output.\n\
-             # TYPE ccfleet_agent_sink_batches_total counter\n\
-             ccfleet_agent_sink_batches_total{{sink=\"{kind}\"}} {}\n\
-             # HELP ccfleet_agent_sink_points_total Points written to the metric output.\n\
-             # TYPE ccfleet_agent_sink_points_total counter\n\
-             ccfleet_agent_sink_points_total{{sink=\"{kind}\"}} {}\n\
-             # HELP ccfleet_agent_sink_errors_total Batches the metric output could not write.\n\
-             # TYPE ccfleet_agent_sink_errors_total counter\n\
-             ccfleet_agent_sink_errors_total{{sink=\"{kind}\"}} {}\n\
-             # HELP ccfleet_agent_sink_points_lost_total Points in the batches the metric output could not write.\n\
-             # TYPE ccfleet_agent_sink_points_lost_total counter\n\
-             ccfleet_agent_sink_points_lost_total{{sink=\"{kind}\"}} {}\n",
-            sink(&self.sink.batches),
-            sink(&self.sink.points),
-            sink(&self.sink.errors),
-            sink(&self.sink.points_lost),
-        );
+        self.render_sinks(&mut out);
 
         let _ = write!(
             out,
@@ -361,6 +386,85 @@ impl Observed {
         out
     }
 
+    /// Every sink's counters, labelled by the sink's name.
+    fn render_sinks(&self, out: &mut String) {
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let families: [(&str, &str, Counter); 4] = [
+            (
+                "ccfleet_agent_sink_batches_total",
+                "Writes (NATS publishes, cc-metric-store requests, stdout writes) the sink made.",
+                |c| &c.batches,
+            ),
+            (
+                "ccfleet_agent_sink_points_total",
+                "Points the sink sent.",
+                |c| &c.sent,
+            ),
+            (
+                "ccfleet_agent_sink_errors_total",
+                "Writes of the sink that failed (each attempt, retried or not).",
+                |c| &c.errors,
+            ),
+            (
+                "ccfleet_agent_sink_retries_total",
+                "Failed cc-metric-store requests kept for another try.",
+                |c| &c.retried,
+            ),
+        ];
+        for (metric, help, counter) in families {
+            header(out, metric, "counter", help);
+            for sink in &self.sinks {
+                let _ = writeln!(
+                    out,
+                    "{metric}{{sink=\"{}\",type=\"{}\"}} {}",
+                    label(&sink.name),
+                    sink.kind.as_str(),
+                    load(counter(&sink.counters))
+                );
+            }
+        }
+        header(
+            out,
+            "ccfleet_agent_sink_points_lost_total",
+            "counter",
+            "Points the sink dropped, whatever the reason.",
+        );
+        for sink in &self.sinks {
+            let _ = writeln!(
+                out,
+                "ccfleet_agent_sink_points_lost_total{{sink=\"{}\",type=\"{}\"}} {}",
+                label(&sink.name),
+                sink.kind.as_str(),
+                sink.counters.dropped()
+            );
+        }
+        header(
+            out,
+            "ccfleet_agent_sink_points_dropped_total",
+            "counter",
+            "Points the sink dropped by reason: queue_full (it fell behind the plugins), \
+             retry_buffer_full (the oldest held for retrying), rejected (a 4xx answer other \
+             than 429), write_failed (no retry left).",
+        );
+        for sink in &self.sinks {
+            let c = &sink.counters;
+            for (reason, n) in [
+                ("queue_full", &c.dropped_queue_full),
+                ("retry_buffer_full", &c.dropped_retry_buffer),
+                ("rejected", &c.dropped_rejected),
+                ("write_failed", &c.dropped_failed),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "ccfleet_agent_sink_points_dropped_total{{sink=\"{}\",type=\"{}\",reason=\"{reason}\"}} {}",
+                    label(&sink.name),
+                    sink.kind.as_str(),
+                    load(n)
+                );
+            }
+        }
+    }
+
     /// `/healthz`: 200 when everything is up, else 503; the body names each part's state.
     pub(crate) fn health(&self) -> (StatusCode, String) {
         let mut body = String::new();
@@ -393,7 +497,12 @@ impl Observed {
                 let _ = writeln!(body, ", {n} operation(s) failing");
             }
         }
-        for plugin in &self.plugins {
+        for plugin in self
+            .plugins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
             let state = plugin.status.borrow().state;
             let down = matches!(state, PluginState::Quarantined | PluginState::LoadFailed);
             healthy &= !down;

@@ -230,7 +230,42 @@ async fn check_agent(config: &AgentConfig, report: &mut Report) {
         }
     }
     let cluster = fleet.as_ref().map(|f| f.cluster.as_str()).unwrap_or("");
+    for (name, sink) in &config.sinks {
+        let note = match sink.kind {
+            ccfleet_host::agent::sinks::SinkType::Http => {
+                if let Some(file) = &sink.jwt_file
+                    && !file.is_file()
+                {
+                    report.errors.push(format!(
+                        "sinks.{name}.jwt-file {}: no such file",
+                        file.display()
+                    ));
+                }
+                // Without user information, which may be a credential.
+                let shown = sink
+                    .url
+                    .as_deref()
+                    .and_then(|u| reqwest::Url::parse(u).ok())
+                    .map(|mut u| {
+                        let _ = u.set_username("");
+                        let _ = u.set_password(None);
+                        u.to_string()
+                    })
+                    .unwrap_or_default();
+                format!("sink {name}: cc-metric-store at {shown}")
+            }
+            ccfleet_host::agent::sinks::SinkType::Nats if config.nats.is_none() => {
+                report.errors.push(format!(
+                    "sinks.{name} is of type nats but there is no nats section"
+                ));
+                continue;
+            }
+            kind => format!("sink {name}: {}", kind.as_str()),
+        };
+        report.notes.push(note);
+    }
     match (config.metrics.kind, &config.nats) {
+        _ if !config.sinks.is_empty() => {}
         (Some(SinkKind::Stdout), _) => report
             .notes
             .push("metrics go to standard output (metrics.type is stdout)".to_owned()),

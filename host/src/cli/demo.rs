@@ -2,7 +2,8 @@
 //!
 //! It starts an embedded fleet server with a sample config tree, a `nats-server` when one can
 //! be found, and an agent of type ccmc running the example plugins; then it edits the config
-//! tree and shows the change reaching the plugins live. It ends by itself (or on Ctrl-C).
+//! tree and shows the change reaching the plugins live, and rolls a new version of a plugin
+//! the fleet names by SHA-256 out to the agent. It ends by itself (or on Ctrl-C).
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -21,8 +22,12 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio::sync::broadcast;
 
-/// The plugins the demo's agent runs.
+/// The plugins the demo's agent runs from its own configuration.
 const PLUGINS: [&str; 2] = ["roster-logger", "loadavg"];
+/// The fleet plugin `collector`: the version the fleet names first, and the one rolled out.
+const ROLLOUT: [&str; 2] = ["hello", "loadavg"];
+/// The fleet plugin's name.
+const FLEET_PLUGIN: &str = "collector";
 const CLUSTER: &str = "demo";
 const HOSTNAME: &str = "node01";
 const METRIC_SUBJECT: &str = "cc.metric.demo";
@@ -75,6 +80,7 @@ fn plugin_dir(explicit: Option<PathBuf>, say: &Narrator) -> anyhow::Result<PathB
     let complete = |dir: &Path| {
         PLUGINS
             .iter()
+            .chain(&ROLLOUT)
             .all(|p| dir.join(format!("{p}.wasm")).is_file())
     };
     if let Some(dir) = explicit {
@@ -84,7 +90,12 @@ fn plugin_dir(explicit: Option<PathBuf>, say: &Narrator) -> anyhow::Result<PathB
         bail!(
             "{} does not hold {} (build them with scripts/build-guests.sh)",
             dir.display(),
-            PLUGINS.map(|p| format!("{p}.wasm")).join(" and ")
+            PLUGINS
+                .iter()
+                .chain(&ROLLOUT)
+                .map(|p| format!("{p}.wasm"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     let root = source_root().context(
@@ -197,6 +208,35 @@ impl Drop for NatsProcess {
     }
 }
 
+/// A component file and its SHA-256, as the fleet names it.
+struct Version {
+    file: PathBuf,
+    sha256: String,
+}
+
+impl Version {
+    fn of(file: PathBuf) -> anyhow::Result<Version> {
+        let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+        Ok(Version {
+            sha256: ccfleet::server::plugins::sha256_hex(&bytes),
+            file,
+        })
+    }
+
+    fn short(&self) -> &str {
+        &self.sha256[..12]
+    }
+}
+
+/// Names the fleet plugin `collector` in the cluster's layer of the tree.
+fn name_fleet_plugin(tree: &Path, entry: serde_json::Value) -> anyhow::Result<String> {
+    let dir = tree.join("ccmc").join(CLUSTER);
+    std::fs::create_dir_all(&dir)?;
+    let body = json!({ "plugins": [entry] }).to_string();
+    std::fs::write(dir.join("defaults.json"), &body)?;
+    Ok(body)
+}
+
 fn write_tree(tree: &Path, rack: &str) -> anyhow::Result<String> {
     let dir = tree.join("ccmc");
     std::fs::create_dir_all(&dir)?;
@@ -221,6 +261,32 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         format!(
             "config tree {}: ccmc/defaults.json = {body}",
             tree.display()
+        ),
+    );
+    // The fleet's plugin directory holds both versions; the tree names the first.
+    let plugin_dir = work.path().join("plugin-dir");
+    std::fs::create_dir_all(&plugin_dir)?;
+    let mut versions = Vec::new();
+    for name in ROLLOUT {
+        let copy = plugin_dir.join(format!("{name}.wasm"));
+        std::fs::copy(plugins.join(format!("{name}.wasm")), &copy)?;
+        versions.push(Version::of(copy)?);
+    }
+    let [v1, v2] =
+        <[Version; 2]>::try_from(versions).map_err(|_| anyhow::anyhow!("two versions expected"))?;
+    let body = name_fleet_plugin(
+        &tree,
+        json!({"name": FLEET_PLUGIN, "sha256": v1.sha256, "collect-interval": "1s"}),
+    )?;
+    say.say(
+        "setup",
+        format!(
+            "plugin-dir {} holds {} ({}…) and {} ({}…); ccmc/{CLUSTER}/defaults.json = {body}",
+            plugin_dir.display(),
+            v1.file.display(),
+            v1.short(),
+            v2.file.display(),
+            v2.short()
         ),
     );
 
@@ -258,6 +324,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "jwt-public-key": keys.public_key_base64(),
         "fleet": {
             "config-dir": tree,
+            "plugin-dir": plugin_dir,
             "config-reload-interval": "1h",
             "discovery-interval": "5s",
             "discovery-debounce": "100ms"
@@ -313,6 +380,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     });
     let mut agent_config = json!({
         "service-type": "ccmc",
+        "fleet-plugin-dir": work.path().join("fleet-plugins"),
         "plugins": [
             {"path": plugins.join("roster-logger.wasm")},
             {
@@ -341,7 +409,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     say.say(
         "agent",
         format!(
-            "starting: type ccmc, host {HOSTNAME}, cluster {CLUSTER}, plugins {}",
+            "starting: type ccmc, host {HOSTNAME}, cluster {CLUSTER}, plugins {} (and {FLEET_PLUGIN}, named by the fleet)",
             PLUGINS.join(", ")
         ),
     );
@@ -361,7 +429,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut story = Story::default();
     let outcome = tokio::select! {
-        result = narrate(&say, &mut events, &mut metrics, &mut heartbeats, &mut story, &tree, &server, nats.is_some()) => result,
+        result = narrate(&say, &mut events, &mut metrics, &mut heartbeats, &mut story, &tree, &server, nats.is_some(), &v2) => result,
         _ = tokio::signal::ctrl_c() => {
             println!();
             say.say("demo", "Ctrl-C: stopping");
@@ -419,6 +487,13 @@ struct Story {
     rack_r2_applied: bool,
     rack_r2_seen: bool,
     batches_after_edit: usize,
+    /// The SHA-256 the rollout act waits for, once it began.
+    rollout_to: Option<String>,
+    /// The new version was loaded, started and emitted; the old one stopped.
+    rollout_loaded: bool,
+    rollout_started: bool,
+    rollout_emitted: bool,
+    rollout_old_stopped: bool,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -431,6 +506,7 @@ async fn narrate(
     tree: &Path,
     server: &ccfleet::server::RunningServer,
     with_nats: bool,
+    v2: &Version,
 ) -> anyhow::Result<()> {
     // Act 1: the configuration reaches the plugins, metrics flow (and rosters, heartbeats).
     let deadline = tokio::time::Instant::now() + ACT_TIMEOUT;
@@ -462,6 +538,44 @@ async fn narrate(
             say.say("demo", "(act 2 timed out; going on)");
             break;
         }
+    }
+
+    say.act("a fleet rollout of a new plugin version");
+    let body = name_fleet_plugin(
+        tree,
+        json!({"name": FLEET_PLUGIN, "sha256": v2.sha256, "collect-interval": "1s",
+               "config": {"cluster": CLUSTER, "hostname": HOSTNAME},
+               "capabilities": {"read-files": ["/proc/loadavg"]}}),
+    )?;
+    say.say(
+        "operator",
+        format!("ccmc/{CLUSTER}/defaults.json := {body}"),
+    );
+    server.reload_config().await?;
+    say.say(
+        "fleet server",
+        format!(
+            "rescanned the tree; {}… is served at /api/fleet/plugins/{{sha256}}",
+            v2.short()
+        ),
+    );
+    say.say(
+        "agent",
+        "at its next poll: downloads the component, checks its SHA-256, starts it beside the \
+         running version and stops the old one once the new one runs",
+    );
+    story.rollout_to = Some(v2.sha256.clone());
+    let deadline = tokio::time::Instant::now() + ACT_TIMEOUT;
+    let act_three_done =
+        |s: &Story| s.rollout_started && s.rollout_emitted && s.rollout_old_stopped;
+    while !act_three_done(story) {
+        if !step(say, events, metrics, heartbeats, story, deadline).await {
+            say.say("demo", "(act 3 timed out; going on)");
+            break;
+        }
+    }
+    if act_three_done(story) {
+        say.say("agent", format!("{FLEET_PLUGIN} now runs {}…", v2.short()));
     }
     if !with_nats {
         // The stdout sink prints on its own task: let the last batch out before the epilogue.
@@ -523,7 +637,25 @@ async fn next(sub: &mut Option<async_nats::Subscriber>) -> Option<async_nats::Me
     }
 }
 
+/// Follows the fleet plugin through the rollout act.
+fn follow_rollout(event: &PluginEvent, story: &mut Story) {
+    let Some(to) = story.rollout_to.clone() else {
+        return;
+    };
+    if &*event.plugin != FLEET_PLUGIN {
+        return;
+    }
+    match &event.kind {
+        EventKind::Loaded { hash, .. } if *hash == to => story.rollout_loaded = true,
+        EventKind::Started if story.rollout_loaded => story.rollout_started = true,
+        EventKind::Emitted { .. } if story.rollout_started => story.rollout_emitted = true,
+        EventKind::Stopped if story.rollout_started => story.rollout_old_stopped = true,
+        _ => {}
+    }
+}
+
 fn show_event(say: &Narrator, event: &PluginEvent, story: &mut Story) {
+    follow_rollout(event, story);
     let who = match event.generation {
         0 => event.plugin.to_string(),
         n => format!("{}#{n}", event.plugin),
@@ -538,7 +670,13 @@ fn show_event(say: &Narrator, event: &PluginEvent, story: &mut Story) {
                 "compiled (and cached for the next run)"
             }
         ),
+        EventKind::Started if &*event.plugin == FLEET_PLUGIN && story.rollout_loaded => {
+            "the new version is instantiated; init accepted its configuration".to_owned()
+        }
         EventKind::Started => "instantiated; init accepted its configuration".to_owned(),
+        EventKind::Stopped if &*event.plugin == FLEET_PLUGIN && story.rollout_started => {
+            "the previous version stopped (the new one runs)".to_owned()
+        }
         EventKind::ConfigDelivered { revision } => {
             format!("received configuration revision {revision}")
         }

@@ -1,0 +1,556 @@
+//! Plugins the fleet names by SHA-256: the config tree's `plugins` list, rolled out to
+//! every agent that pulls it.
+//!
+//! ```json
+//! {"plugins": [{"name": "loadavg",
+//!               "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+//!               "collect-interval": "10s",
+//!               "config": {"cluster": "fritz"},
+//!               "capabilities": {"read-files": ["/proc/loadavg"]}}]}
+//! ```
+//!
+//! An entry is a plugin entry of the agent configuration with `sha256` in place of `path`
+//! (a `path` from the fleet is refused: the fleet names content, not files of the node).
+//! For every entry whose hash or settings changed the agent downloads the component from
+//! `GET /api/fleet/plugins/{sha256}` (the fleet token, as every fleet call), checks its
+//! SHA-256, keeps it in `fleet-plugin-dir` (mode 0700, written to a temporary file and
+//! renamed, so a half-written file is never used), and starts the new version beside the
+//! running one. Only once the new version runs (compiled, instantiated, `init` done) is the
+//! old one stopped; a download that fails or does not match its hash, and a version that
+//! does not start, leave the old version running, are logged with the reason and counted.
+//! A failed download is tried again at the next configuration poll; a version that failed
+//! to start is tried again only when its entry changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use ccfleet::server::plugins::is_sha256;
+use ccfleet::untrusted::Untrusted;
+use reqwest::header::HeaderValue;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::observe::ObservedPlugin;
+use crate::plugin::sink::SinkHandle;
+use crate::{FeedSenders, PluginHandle, PluginSpec, PluginState, Runtime};
+
+/// The largest component the agent downloads.
+pub const MAX_COMPONENT_BYTES: u64 = 256 << 20;
+/// How long a new version may take to compile and start before it counts as failed.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Results of rollouts, for `ccfleet_agent_plugin_rollouts_total{plugin,result}`.
+pub(crate) type RolloutCounts = Mutex<BTreeMap<(String, &'static str), u64>>;
+
+/// A fleet plugin entry, checked.
+#[derive(Debug, Clone, PartialEq)]
+struct Wanted {
+    name: String,
+    sha256: String,
+    /// The entry as a plugin specification, `path` pointing into the download directory.
+    spec: PluginSpec,
+}
+
+/// Reads the `plugins` list of a fleet configuration; `dir` is where components are kept.
+fn wanted(config: &serde_json::Value, dir: &Path) -> Result<Vec<Wanted>, String> {
+    let Some(list) = config.get("plugins") else {
+        return Ok(Vec::new());
+    };
+    let Some(list) = list.as_array() else {
+        return Err("plugins is not a list".to_owned());
+    };
+    let mut out = Vec::new();
+    let mut names = BTreeSet::new();
+    for (i, entry) in list.iter().enumerate() {
+        let fail = |why: String| Err(format!("plugins[{i}]: {why}"));
+        let Some(object) = entry.as_object() else {
+            return fail("not an object".to_owned());
+        };
+        let mut object = object.clone();
+        if object.contains_key("path") {
+            return fail("a fleet plugin is named by sha256, not by path".to_owned());
+        }
+        let Some(serde_json::Value::String(sha256)) = object.remove("sha256") else {
+            return fail("sha256 is missing or not a string".to_owned());
+        };
+        if !is_sha256(&sha256) {
+            return fail("sha256 must be 64 lowercase hexadecimal digits".to_owned());
+        }
+        let name = match object.get("name") {
+            Some(serde_json::Value::String(name)) if !name.trim().is_empty() => name.clone(),
+            _ => return fail("name is missing (a fleet plugin needs one)".to_owned()),
+        };
+        if !names.insert(name.clone()) {
+            return fail(format!("two plugins are named {:?}", Untrusted(&name)));
+        }
+        object.insert(
+            "path".to_owned(),
+            serde_json::Value::String(
+                dir.join(format!("{sha256}.wasm"))
+                    .to_string_lossy()
+                    .into_owned(),
+            ),
+        );
+        let spec: PluginSpec = match serde_json::from_value(serde_json::Value::Object(object)) {
+            Ok(spec) => spec,
+            Err(e) => return fail(e.to_string()),
+        };
+        if let Err(e) = spec.validate() {
+            return fail(e.to_string());
+        }
+        out.push(Wanted { name, sha256, spec });
+    }
+    Ok(out)
+}
+
+/// Why a component could not be fetched.
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error("download failed: {0}")]
+    Download(String),
+    #[error("the download's SHA-256 is {got}, not the one asked for")]
+    Mismatch { got: String },
+    #[error("cannot keep the component: {0}")]
+    Store(String),
+}
+
+impl FetchError {
+    fn result(&self) -> &'static str {
+        match self {
+            FetchError::Download(_) => "download_failed",
+            FetchError::Mismatch { .. } => "hash_mismatch",
+            FetchError::Store(_) => "store_failed",
+        }
+    }
+}
+
+fn hex(digest: &[u8]) -> String {
+    use std::fmt::Write;
+    digest.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// Creates the download directory, private to the agent's user.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+    }
+    #[cfg(not(unix))]
+    {
+        std::fs::create_dir_all(dir)
+    }
+}
+
+/// Downloads components from the fleet servers.
+pub(crate) struct Fetcher {
+    http: reqwest::Client,
+    /// The fleet servers in order of preference (`fleet.url`, then its failover entries).
+    bases: Vec<String>,
+    token: Option<HeaderValue>,
+    dir: PathBuf,
+}
+
+impl Fetcher {
+    /// A fetcher for the fleet servers at `bases` (`http://host:port`, in order of
+    /// preference), keeping components in `dir`.
+    pub(crate) fn new(bases: &[String], token: &str, dir: PathBuf) -> Result<Fetcher, String> {
+        let token = if token.is_empty() {
+            None
+        } else {
+            let mut value = HeaderValue::from_str(token)
+                .map_err(|_| "the fleet token cannot be a header".to_owned())?;
+            value.set_sensitive(true);
+            Some(value)
+        };
+        // reqwest is built without a default crypto provider; ring is ours.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("HTTP client: {e}"))?;
+        Ok(Fetcher {
+            http,
+            bases: bases
+                .iter()
+                .map(|b| b.trim_end_matches('/').to_owned())
+                .collect(),
+            token,
+            dir,
+        })
+    }
+
+    /// The verified component file of `sha256`: the kept one when its content still has
+    /// that hash, else a fresh download.
+    async fn fetch(&self, sha256: &str) -> Result<PathBuf, FetchError> {
+        let path = self.dir.join(format!("{sha256}.wasm"));
+        if let Ok(bytes) = tokio::fs::read(&path).await {
+            if hex(&Sha256::digest(&bytes)) == sha256 {
+                return Ok(path);
+            }
+            tracing::warn!(
+                file = %path.display(),
+                "a kept component no longer matches its hash; downloading it again"
+            );
+            let _ = tokio::fs::remove_file(&path).await;
+        }
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || private_dir(&dir))
+            .await
+            .map_err(|e| FetchError::Store(e.to_string()))?
+            .map_err(|e| FetchError::Store(format!("{}: {e}", self.dir.display())))?;
+        // The first server that delivers the right content wins; a mismatch is reported
+        // over any other failure, since it is the one that points at tampering.
+        let mut failure = None;
+        let mut bytes = None;
+        for base in &self.bases {
+            match self.download(base, sha256).await {
+                Ok(got) => {
+                    bytes = Some(got);
+                    break;
+                }
+                Err(error) => {
+                    if !matches!(failure, Some(FetchError::Mismatch { .. })) {
+                        failure = Some(error);
+                    }
+                }
+            }
+        }
+        let Some(bytes) = bytes else {
+            return Err(failure
+                .unwrap_or_else(|| FetchError::Download("no fleet server is configured".into())));
+        };
+        let dir = self.dir.clone();
+        let target = path.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut file = tempfile::NamedTempFile::new_in(&dir)?;
+            file.write_all(&bytes)?;
+            file.as_file().sync_all()?;
+            file.persist(&target).map_err(|e| e.error)?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| FetchError::Store(e.to_string()))?
+        .map_err(|e| FetchError::Store(format!("{}: {e}", path.display())))?;
+        Ok(path)
+    }
+
+    /// The component of `sha256` from the server at `base`, checked against its hash.
+    async fn download(&self, base: &str, sha256: &str) -> Result<Vec<u8>, FetchError> {
+        let url = format!("{base}/api/fleet/plugins/{sha256}");
+        let mut request = self.http.get(&url).timeout(Duration::from_secs(300));
+        if let Some(token) = &self.token {
+            request = request.header("X-Auth-Token", token.clone());
+        }
+        let response = request.send().await.map_err(|e| {
+            FetchError::Download(if e.is_connect() {
+                "cannot connect to the fleet server".to_owned()
+            } else {
+                e.without_url().to_string()
+            })
+        })?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(FetchError::Download(format!(
+                "the fleet server answered {status}"
+            )));
+        }
+        if response
+            .content_length()
+            .is_some_and(|n| n > MAX_COMPONENT_BYTES)
+        {
+            return Err(FetchError::Download(format!(
+                "the component is larger than {MAX_COMPONENT_BYTES} bytes"
+            )));
+        }
+        let mut response = response;
+        let mut bytes = Vec::new();
+        let mut hasher = Sha256::new();
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| FetchError::Download(e.without_url().to_string()))?
+        {
+            if (bytes.len() + chunk.len()) as u64 > MAX_COMPONENT_BYTES {
+                return Err(FetchError::Download(format!(
+                    "the component is larger than {MAX_COMPONENT_BYTES} bytes"
+                )));
+            }
+            hasher.update(&chunk);
+            bytes.extend_from_slice(&chunk);
+        }
+        let got = hex(&hasher.finalize());
+        if got != sha256 {
+            return Err(FetchError::Mismatch { got });
+        }
+        Ok(bytes)
+    }
+}
+
+/// A fleet plugin that runs.
+struct Running {
+    wanted: Wanted,
+    handle: PluginHandle,
+}
+
+/// The rollout task's state.
+pub(crate) struct Rollout {
+    pub runtime: Runtime,
+    pub feeds: Arc<FeedSenders>,
+    pub sink: SinkHandle,
+    pub fetcher: Fetcher,
+    /// Names of the agent's own plugins, which the fleet cannot replace.
+    pub local: BTreeSet<String>,
+    /// What `/metrics` shows: the agent's own plugins first, then the fleet's.
+    pub observed: Arc<RwLock<Vec<ObservedPlugin>>>,
+    pub counts: Arc<RolloutCounts>,
+    pub retry_interval: Duration,
+}
+
+impl Rollout {
+    fn count(&self, name: &str, result: &'static str) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        *counts.entry((name.to_owned(), result)).or_default() += 1;
+    }
+
+    fn publish(&self, running: &BTreeMap<String, Running>) {
+        let mut observed = self.observed.write().unwrap_or_else(|e| e.into_inner());
+        observed.retain(|p| self.local.contains(&*p.name));
+        observed.extend(running.values().map(|r| ObservedPlugin {
+            name: r.handle.name().into(),
+            status: r.handle.status(),
+            stats: r.handle.stats(),
+        }));
+    }
+
+    /// Runs until `stop` turns true, applying `first` and then every configuration update;
+    /// failed downloads are retried every `retry_interval`.
+    pub(crate) fn spawn(
+        self,
+        first: Option<String>,
+        mut configs: ccfleet::client::Latest<ccfleet::client::Update>,
+        mut stop: watch::Receiver<bool>,
+    ) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut running: BTreeMap<String, Running> = BTreeMap::new();
+            let mut failed: BTreeMap<String, Wanted> = BTreeMap::new();
+            let mut current = first;
+            let mut retry = tokio::time::interval(self.retry_interval);
+            retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut open = true;
+            loop {
+                // A stop ends a rollout midway: the half-started version is dropped (and so
+                // stopped) with the future.
+                tokio::select! {
+                    biased;
+                    _ = stop.changed() => break,
+                    () = self.apply(&current, &mut running, &mut failed) => {}
+                }
+                tokio::select! {
+                    biased;
+                    _ = stop.changed() => break,
+                    update = configs.recv(), if open => match update {
+                        Some(update) => current = update.config,
+                        None => open = false,
+                    },
+                    _ = retry.tick() => {}
+                }
+            }
+            for (_, plugin) in std::mem::take(&mut running) {
+                plugin.handle.stop().await;
+            }
+        })
+    }
+
+    async fn apply(
+        &self,
+        config: &Option<String>,
+        running: &mut BTreeMap<String, Running>,
+        failed: &mut BTreeMap<String, Wanted>,
+    ) {
+        let dir = &self.fetcher.dir;
+        let config = match config
+            .as_deref()
+            .map(serde_json::from_str::<serde_json::Value>)
+        {
+            None => serde_json::Value::Null,
+            Some(Ok(config)) => config,
+            Some(Err(_)) => {
+                tracing::warn!(
+                    "the fleet configuration is not JSON; keeping the running fleet plugins"
+                );
+                return;
+            }
+        };
+        let wanted = match wanted(&config, dir) {
+            Ok(wanted) => wanted,
+            Err(why) => {
+                tracing::warn!(
+                    "the fleet configuration's plugins are invalid; keeping the running ones: {}",
+                    Untrusted(&why).capped(500)
+                );
+                return;
+            }
+        };
+        let names: BTreeSet<&str> = wanted.iter().map(|w| w.name.as_str()).collect();
+        let gone: Vec<String> = running
+            .keys()
+            .filter(|n| !names.contains(n.as_str()))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(plugin) = running.remove(&name) {
+                tracing::info!(plugin = %Untrusted(&name), "the fleet no longer names this plugin; stopping it");
+                plugin.handle.stop().await;
+            }
+            self.publish(running);
+        }
+        failed.retain(|name, _| names.contains(name.as_str()));
+        for want in wanted {
+            let name = want.name.clone();
+            let shown = Untrusted(&name).capped(100).to_string();
+            if self.local.contains(&name) {
+                if failed.insert(name.clone(), want.clone()).as_ref() != Some(&want) {
+                    tracing::warn!(plugin = %shown, "the fleet names a plugin the agent configures itself; the agent's own entry wins");
+                }
+                continue;
+            }
+            if running.get(&name).is_some_and(|r| r.wanted == want) {
+                continue;
+            }
+            if failed.get(&name) == Some(&want) {
+                continue;
+            }
+            let previous = running.get(&name).map(|r| r.wanted.sha256.clone());
+            let keeping = previous
+                .as_deref()
+                .map_or_else(|| "nothing runs".to_owned(), |s| format!("keeping {s}"));
+            if let Err(error) = self.fetcher.fetch(&want.sha256).await {
+                tracing::warn!(plugin = %shown, sha256 = %want.sha256, "cannot roll out the plugin ({keeping}): {error}");
+                self.count(&name, error.result());
+                continue;
+            }
+            match self.start(&want).await {
+                Ok(handle) => {
+                    tracing::info!(plugin = %shown, sha256 = %want.sha256, previous = previous.as_deref().unwrap_or("none"), "fleet plugin version running");
+                    let old = running.insert(
+                        name.clone(),
+                        Running {
+                            wanted: want,
+                            handle,
+                        },
+                    );
+                    failed.remove(&name);
+                    self.publish(running);
+                    if let Some(old) = old {
+                        old.handle.stop().await;
+                    }
+                    self.count(&name, "swapped");
+                }
+                Err(why) => {
+                    tracing::warn!(plugin = %shown, sha256 = %want.sha256, "the new plugin version does not start ({keeping}): {why}");
+                    self.count(&name, "instantiate_failed");
+                    failed.insert(name, want);
+                }
+            }
+        }
+    }
+
+    /// Starts `want` and waits until it runs; on failure it is stopped again.
+    async fn start(&self, want: &Wanted) -> Result<PluginHandle, String> {
+        // Compiling and linking first gives the reason a component cannot be used; the
+        // supervisor's own load then comes from the compile cache.
+        self.runtime
+            .load(&want.spec)
+            .await
+            .map_err(|e| e.to_string())?;
+        let handle =
+            self.runtime
+                .spawn(want.spec.clone(), self.feeds.subscribe(), self.sink.clone());
+        let mut status = handle.status();
+        let outcome = tokio::time::timeout(
+            START_TIMEOUT,
+            status.wait_for(|s| s.state != PluginState::Starting || s.generation > 1),
+        )
+        .await
+        .map(|waited| waited.map(|status| status.clone()));
+        let result = match outcome {
+            Ok(Ok(status)) if status.state == PluginState::Running => Ok(()),
+            Ok(Ok(status)) => Err(match &status.last_failure {
+                Some(failure) => failure.to_string(),
+                None => format!("it went to {:?}", status.state),
+            }),
+            Ok(Err(_)) => Err("its supervisor ended".to_owned()),
+            Err(_) => Err(format!(
+                "it did not start within {}",
+                ccfleet::duration::format(START_TIMEOUT)
+            )),
+        };
+        match result {
+            Ok(()) => Ok(handle),
+            Err(why) => {
+                handle.stop().await;
+                Err(why)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn a_fleet_entry_becomes_a_spec_in_the_download_directory() {
+        let config = serde_json::json!({"plugins": [{"name": "load", "sha256": SHA,
+            "collect-interval": "10s", "config": {"a": 1},
+            "capabilities": {"read-files": ["/proc/loadavg"]}}]});
+        let wanted = wanted(&config, Path::new("/var/cache/fleet")).unwrap();
+        assert_eq!(wanted.len(), 1);
+        assert_eq!(
+            wanted[0].spec.path,
+            Path::new(&format!("/var/cache/fleet/{SHA}.wasm"))
+        );
+        assert_eq!(wanted[0].spec.display_name(), "load");
+        assert_eq!(
+            wanted[0].spec.collect_interval,
+            Some(Duration::from_secs(10))
+        );
+    }
+
+    #[test]
+    fn a_path_an_uppercase_hash_or_a_missing_name_is_refused() {
+        let dir = Path::new("/d");
+        for (entry, why) in [
+            (
+                serde_json::json!({"name": "x", "sha256": SHA, "path": "/etc/shadow"}),
+                "not by path",
+            ),
+            (
+                serde_json::json!({"name": "x", "sha256": SHA.to_uppercase()}),
+                "lowercase",
+            ),
+            (serde_json::json!({"sha256": SHA}), "name is missing"),
+            (
+                serde_json::json!({"name": "x", "sha256": SHA, "colour": 1}),
+                "unknown field",
+            ),
+        ] {
+            let err = wanted(&serde_json::json!({ "plugins": [entry] }), dir).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
+    }
+}
