@@ -76,8 +76,7 @@ impl Collector for Diskstat {
             let tags = [("type", "node"), ("device", mount.as_str())];
             out.push(Sample::new("disk_total", &tags, Value::Int(total as i64)).unit("GBytes"));
             out.push(Sample::new("disk_free", &tags, Value::Int(free as i64)).unit("GBytes"));
-            if total > 0 {
-                let used = 100 * (total - free.min(total)) / total;
+            if let Some(used) = (100 * (total - free.min(total))).checked_div(total) {
                 max_used = Some(max_used.map_or(used, |m| m.max(used)));
             }
         }
