@@ -102,6 +102,15 @@ impl NatsConfig {
         let password = secret::from_env(ENV_NATS_PASSWORD, &self.password)?;
         if !username.is_empty() && !password.is_empty() {
             options = options.user_and_password(username, password);
+        } else {
+            // Credentials in the address count as in Go's client: `user:password@` is a user
+            // and password, `token@` a token. async-nats itself ignores them, and the address
+            // handed to it has them removed (see `NatsConfig::connect`).
+            match url_credentials(&self.address) {
+                Some((user, Some(pass))) => options = options.user_and_password(user, pass),
+                Some((token, None)) => options = options.token(token),
+                None => {}
+            }
         }
         if !self.creds_file_path.is_empty() {
             options = options
@@ -123,6 +132,149 @@ impl NatsConfig {
         }
         Ok(options)
     }
+}
+
+impl NatsConfig {
+    /// The address as handed to async-nats: without the user information it may carry
+    /// (applied by [`NatsConfig::connect_options`] instead), so the library never holds the
+    /// credentials in its server list, whose debug logs print each address in full.
+    pub fn server_address(&self) -> String {
+        match self.address.parse::<async_nats::ServerAddr>() {
+            Ok(addr) => {
+                let mut url = addr.into_inner();
+                // Both only fail for URLs that cannot carry user information.
+                let _ = url.set_username("");
+                let _ = url.set_password(None);
+                url.to_string()
+            }
+            // async-nats refuses it with a message that does not quote it.
+            Err(_) => self.address.clone(),
+        }
+    }
+
+    /// Connects to [`NatsConfig::server_address`] with `options` (from
+    /// [`NatsConfig::connect_options`]). The error is the scrubbed text (see
+    /// [`NatsConfig::scrub`]).
+    pub async fn connect(
+        &self,
+        options: async_nats::ConnectOptions,
+    ) -> Result<async_nats::Client, String> {
+        options
+            .connect(self.server_address())
+            .await
+            .map_err(|e| self.scrub(&e))
+    }
+
+    /// The text of a NATS error (or of anything else that may quote the connection) as logs
+    /// and error messages may show it: see [`scrub`]; the secrets are this section's password
+    /// and the password or token its address carries.
+    pub fn scrub(&self, error: &dyn fmt::Display) -> String {
+        let mut secrets = address_secrets(&self.address);
+        secrets.push(self.password.clone());
+        scrub(error, &secrets)
+    }
+}
+
+/// The one function every NATS error passes before it reaches a log line or an error
+/// message: user information of any URL in the text (`scheme://user:password@`,
+/// `scheme://token@`) is removed, and every non-empty string of `secrets` (passwords and
+/// tokens the caller knows) is replaced with `<redacted>`, wherever it appears.
+pub fn scrub(error: &dyn fmt::Display, secrets: &[String]) -> String {
+    let mut text = strip_userinfo(&error.to_string());
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        if text.contains(secret.as_str()) {
+            text = text.replace(secret.as_str(), "<redacted>");
+        }
+    }
+    text
+}
+
+/// Removes the user information from every `scheme://userinfo@host` in `text`.
+fn strip_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let authority_start = at + 3;
+        out.push_str(&rest[..authority_start]);
+        let after = &rest[authority_start..];
+        // The authority ends where a path, query, fragment, quote or whitespace begins.
+        let end = after
+            .find(|c: char| {
+                c.is_whitespace() || matches!(c, '/' | '?' | '#' | '"' | '\'' | '<' | '>' | '`')
+            })
+            .unwrap_or(after.len());
+        let authority = &after[..end];
+        match authority.rfind('@') {
+            Some(userinfo_end) => out.push_str(&authority[userinfo_end + 1..]),
+            None => out.push_str(authority),
+        }
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The user and password (`user:password@`), or the token (`token@`, no password), of a NATS
+/// address, percent-decoded; `None` without user information.
+fn url_credentials(address: &str) -> Option<(String, Option<String>)> {
+    let addr = address.parse::<async_nats::ServerAddr>().ok()?;
+    let user = percent_decode(addr.username()?);
+    let password = addr.password().map(percent_decode);
+    Some((user, password))
+}
+
+/// The secrets an address carries, raw and decoded: its password, or its token.
+fn address_secrets(address: &str) -> Vec<String> {
+    let secret = match address.parse::<async_nats::ServerAddr>() {
+        Ok(addr) => match (addr.username(), addr.password()) {
+            (_, Some(password)) => password.to_owned(),
+            (Some(token), None) => token.to_owned(),
+            (None, None) => return Vec::new(),
+        },
+        // Not a valid address, but it may still carry credentials: read them textually.
+        Err(_) => {
+            let after_scheme = address.split_once("://").map_or(address, |(_, rest)| rest);
+            let authority = after_scheme
+                .split(['/', '?', '#'])
+                .next()
+                .unwrap_or_default();
+            match authority.rsplit_once('@') {
+                Some((userinfo, _)) => match userinfo.split_once(':') {
+                    Some((_, password)) => password.to_owned(),
+                    None => userinfo.to_owned(),
+                },
+                None => return Vec::new(),
+            }
+        }
+    };
+    if secret.is_empty() {
+        return Vec::new();
+    }
+    let decoded = percent_decode(&secret);
+    vec![secret, decoded]
+}
+
+/// Decodes `%XX` escapes; anything else (including a malformed escape) stays as it is.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && let (Some(hi), Some(lo)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push((hi * 16 + lo) as u8);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `scheme://host:port` of a NATS address, without the credentials (`user:password@` or
@@ -162,6 +314,8 @@ pub struct ConnectionReporter {
 
 struct ReporterInner {
     address: String,
+    /// The password or token the address carries, scrubbed from every error it logs.
+    secrets: Vec<String>,
     /// `host:port` for the TCP probe; `None` when the address does not parse.
     probe: Option<(String, u16)>,
     connected: AtomicBool,
@@ -218,6 +372,7 @@ impl ConnectionReporter {
         ConnectionReporter {
             inner: Arc::new(ReporterInner {
                 address: display_address(address),
+                secrets: address_secrets(address),
                 probe,
                 connected: AtomicBool::new(false),
                 state: Mutex::new(Reported::default()),
@@ -261,6 +416,7 @@ impl ConnectionReporter {
                 tracing::warn!(address, "NATS disconnected; reconnecting");
             }
             async_nats::Event::ClientError(error) => {
+                let error = scrub(&error, &self.inner.secrets);
                 let first = {
                     let mut state = lock(&self.inner.state);
                     let first = matches!(state.link, Link::Starting | Link::Lost);
@@ -284,7 +440,8 @@ impl ConnectionReporter {
                 }
             }
             async_nats::Event::ServerError(error) => {
-                let text = error.to_string();
+                let error = scrub(&error, &self.inner.secrets);
+                let text = error.clone();
                 let repeated = {
                     let mut state = lock(&self.inner.state);
                     let repeated = state.server_error.as_deref() == Some(text.as_str());
@@ -362,6 +519,132 @@ mod tests {
         let shown = format!("{in_address:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(serde_json::from_str::<NatsConfig>(r#"{"address":"x","pasword":"y"}"#).is_err());
+    }
+
+    #[test]
+    fn scrubbing_removes_user_information_of_every_url_and_the_known_secrets() {
+        let text = "cannot reach nats://cc:hunter2@nats01:4222/x and tls://s3cr3t-token@nats02, \
+                    \"ws://u:p%40ss@[::1]:80\"; plain https://h/a@b stays";
+        let shown = scrub(&text, &[]);
+        assert_eq!(
+            shown,
+            "cannot reach nats://nats01:4222/x and tls://nats02, \
+             \"ws://[::1]:80\"; plain https://h/a@b stays"
+        );
+        let shown = scrub(
+            &"auth failed for hunter2 (token s3cr3t)",
+            &["hunter2".into(), String::new(), "s3cr3t".into()],
+        );
+        assert_eq!(shown, "auth failed for <redacted> (token <redacted>)");
+        assert_eq!(scrub(&"no URL here: a@b", &[]), "no URL here: a@b");
+        assert_eq!(scrub(&"ends with nats://u:p@", &[]), "ends with nats://");
+    }
+
+    #[test]
+    fn a_section_scrubs_its_address_credentials_and_its_password() {
+        let config = NatsConfig {
+            address: "nats://cc:hun%74er2@nats01:4222".into(),
+            password: "section-pw".into(),
+            ..NatsConfig::default()
+        };
+        let shown = config.scrub(&"hunter2 hun%74er2 section-pw cc");
+        assert_eq!(shown, "<redacted> <redacted> <redacted> cc");
+        let token = NatsConfig {
+            address: "tls://t0ken@nats01".into(),
+            ..NatsConfig::default()
+        };
+        assert_eq!(token.scrub(&"bad t0ken"), "bad <redacted>");
+        // An invalid address still has its credentials scrubbed.
+        let invalid = NatsConfig {
+            address: "nats://cc:hunter2@nats01:port/x".into(),
+            ..NatsConfig::default()
+        };
+        assert_eq!(invalid.scrub(&"hunter2!"), "<redacted>!");
+    }
+
+    #[test]
+    fn the_address_handed_to_async_nats_has_no_user_information() {
+        let server_address = |address: &str| {
+            NatsConfig {
+                address: address.into(),
+                ..NatsConfig::default()
+            }
+            .server_address()
+        };
+        assert_eq!(
+            server_address("nats://cc:hunter2@nats01:4223"),
+            "nats://nats01:4223"
+        );
+        assert_eq!(server_address("tls://s3cr3t-token@nats01"), "tls://nats01");
+        assert_eq!(server_address("cc:hunter2@127.0.0.1"), "nats://127.0.0.1");
+        assert_eq!(
+            server_address("nats://127.0.0.1:4222"),
+            "nats://127.0.0.1:4222"
+        );
+        // Unparseable: passed on for async-nats to refuse (its message does not quote it).
+        assert_eq!(server_address("nats://h:port"), "nats://h:port");
+    }
+
+    #[test]
+    fn credentials_in_the_address_are_a_user_and_password_or_a_token() {
+        assert_eq!(
+            url_credentials("nats://cc:hunter%202@h"),
+            Some(("cc".into(), Some("hunter 2".into())))
+        );
+        assert_eq!(
+            url_credentials("tls://t0ken@h:4443"),
+            Some(("t0ken".into(), None))
+        );
+        assert_eq!(url_credentials("nats://h:4222"), None);
+        assert_eq!(url_credentials("nats://h:port"), None);
+        assert_eq!(percent_decode("a%2"), "a%2");
+        assert_eq!(percent_decode("%zz%41"), "%zzA");
+    }
+
+    #[test]
+    fn the_reporter_scrubs_the_errors_it_logs() {
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || CaptureWriter(writer.clone()))
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        tracing::subscriber::with_default(subscriber, || {
+            runtime.block_on(async {
+                // An unparseable port: the reporter does not probe, it only logs; the
+                // credentials are still known to it.
+                let reporter = ConnectionReporter::new("nats://cc:hunter2@nats01:port");
+                let leaky = "user cc password hunter2 from nats://cc:hunter2@nats01";
+                for event in [
+                    async_nats::Event::ServerError(async_nats::ServerError::Other(leaky.into())),
+                    async_nats::Event::ClientError(async_nats::ClientError::Other(leaky.into())),
+                    async_nats::Event::ClientError(async_nats::ClientError::Other(leaky.into())),
+                ] {
+                    reporter.on_event(event).await;
+                }
+            });
+        });
+        let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("NATS server error"), "{text}");
+        assert!(text.contains("NATS unreachable"), "{text}");
+        assert!(text.contains("NATS still unreachable"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    struct CaptureWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for CaptureWriter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 
     #[test]

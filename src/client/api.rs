@@ -69,8 +69,10 @@ impl Inner {
             meta_data: self.meta.clone(),
         };
         let path = format!("/api/fleet/register/{}/", identity.scope.as_str());
-        let request = self.http.request(Method::POST, &path).json(&body);
-        let response = self.http.send(Op::Register, request).await?;
+        let response = self
+            .http
+            .send(Op::Register, Method::POST, &path, |r| r.json(&body))
+            .await?;
         if response.status() != StatusCode::CREATED {
             return Err(status_error(Op::Register, response).await);
         }
@@ -108,6 +110,7 @@ impl Inner {
             cluster = %identity.cluster,
             hostname = %identity.hostname,
             config_revision = registration.config_revision,
+            server = %self.http.current_shown(),
             "fleet: registered with cc-backend"
         );
         Ok(registration)
@@ -119,17 +122,24 @@ impl Inner {
             let id = state.instance_id.clone().ok_or(Error::NotRegistered)?;
             (id, state.etag.clone())
         };
-        let mut request = self
-            .http
-            .request(Method::GET, &format!("/api/fleet/config/{id}"));
         // Sent verbatim, quotes included; an ETag that cannot be a header is not sent at all.
-        if let Some(value) = (!etag.is_empty())
+        // The same ETag goes to whichever server answers: one sharing the registry and the
+        // configuration tree answers 304.
+        let if_none_match = (!etag.is_empty())
             .then(|| HeaderValue::from_str(&etag).ok())
-            .flatten()
-        {
-            request = request.header(IF_NONE_MATCH, value);
-        }
-        let response = self.http.send(Op::Config, request).await?;
+            .flatten();
+        let response = self
+            .http
+            .send(
+                Op::Config,
+                Method::GET,
+                &format!("/api/fleet/config/{id}"),
+                |r| match &if_none_match {
+                    Some(value) => r.header(IF_NONE_MATCH, value.clone()),
+                    None => r,
+                },
+            )
+            .await?;
         match response.status() {
             StatusCode::OK => self.accept_config(response).await,
             StatusCode::NOT_MODIFIED => {
@@ -220,10 +230,15 @@ impl Inner {
                 }
             }
         }
-        let request = self
+        let response = self
             .http
-            .request(Method::POST, &format!("/api/fleet/heartbeat/{id}"));
-        let response = self.http.send(Op::Heartbeat, request).await?;
+            .send(
+                Op::Heartbeat,
+                Method::POST,
+                &format!("/api/fleet/heartbeat/{id}"),
+                |r| r,
+            )
+            .await?;
         match response.status() {
             StatusCode::OK | StatusCode::NO_CONTENT => {
                 drain(response).await;
@@ -253,7 +268,7 @@ impl Inner {
             .await
         {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Err(e)) => Err(crate::nats::scrub(&e, &[])),
             Err(_) => Err("publishing timed out".into()),
         }
     }
@@ -262,10 +277,15 @@ impl Inner {
         let Some(id) = self.instance_id() else {
             return Ok(());
         };
-        let request = self
+        let response = self
             .http
-            .request(Method::DELETE, &format!("/api/fleet/deregister/{id}"));
-        let response = self.http.send(Op::Deregister, request).await?;
+            .send(
+                Op::Deregister,
+                Method::DELETE,
+                &format!("/api/fleet/deregister/{id}"),
+                |r| r,
+            )
+            .await?;
         match response.status() {
             StatusCode::OK | StatusCode::NO_CONTENT | StatusCode::NOT_FOUND => {
                 drain(response).await;

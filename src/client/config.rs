@@ -42,8 +42,10 @@ pub const CONFIG_SCHEMA: &str = r#"{
   "type": "object",
   "properties": {
     "url": {
-      "description": "Base URL of cc-backend, e.g. https://cc.example.org.",
-      "type": "string"
+      "description": "Base URL of cc-backend, e.g. https://cc.example.org, or an array of fleet server URLs in order of preference (the client fails over between them).",
+      "type": ["string", "array"],
+      "items": {"type": "string"},
+      "minItems": 1
     },
     "token": {
       "description": "JWT with the api role. CC_FLEET_TOKEN, or the file named by CC_FLEET_TOKEN_FILE, overrides it.",
@@ -118,11 +120,24 @@ pub enum ConfigError {
     /// `url` is missing or empty.
     #[error("fleet: configuration is missing 'url'")]
     MissingUrl,
-    /// `url` is not an absolute http(s) URL with a host.
-    #[error("fleet: invalid url: {reason}")]
+    /// `url` (or one entry of a `url` list) is not an absolute http(s) URL with a host.
+    #[error("fleet: invalid url{}: {reason}", entry_suffix(*entry))]
     InvalidUrl {
         /// What is wrong with it (the URL itself is left out: it may carry credentials).
         reason: &'static str,
+        /// Which entry of a `url` list, counted from 1; `None` for a single URL.
+        entry: Option<usize>,
+    },
+    /// `url` is an empty list.
+    #[error("fleet: 'url' is an empty list; give at least one server URL")]
+    EmptyUrlList,
+    /// `url` lists one server twice (compared after dropping trailing slashes).
+    #[error("fleet: 'url' lists the same server twice (entries {first} and {second})")]
+    DuplicateUrl {
+        /// The first entry, counted from 1.
+        first: usize,
+        /// The repeating entry, counted from 1.
+        second: usize,
     },
     /// A duration key does not hold a Go duration.
     #[error("fleet: invalid {key} {value:?}: {source}")]
@@ -183,6 +198,10 @@ pub enum ConfigError {
     },
 }
 
+fn entry_suffix(entry: Option<usize>) -> String {
+    entry.map_or_else(String::new, |n| format!(" (entry {n} of the list)"))
+}
+
 /// The parsed `fleet` section.
 ///
 /// Build it with [`Config::from_json`] / [`Config::from_value`], or with [`Config::new`] and
@@ -190,8 +209,12 @@ pub enum ConfigError {
 /// the environment overrides, which the client does when it is created.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Config {
-    /// Base URL of cc-backend (`https://cc.example.org`); a trailing `/` is ignored.
+    /// Base URL of cc-backend (`https://cc.example.org`); a trailing `/` is ignored. With
+    /// several fleet servers, the preferred one (the first entry of a `url` list).
     pub url: String,
+    /// Further fleet servers, in order of preference after [`Config::url`] (the rest of a
+    /// `url` list). The client fails over to them; empty for a single server.
+    pub failover_urls: Vec<String>,
     /// JWT with the `api` role, sent as `X-Auth-Token`.
     pub token: String,
     /// Cluster of this service; empty registers in the infra scope.
@@ -225,7 +248,16 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The token is a credential; only say whether one is configured.
         f.debug_struct("Config")
-            .field("url", &self.url)
+            // URLs may carry user information (`user:password@`): shown without it.
+            .field("url", &debug_url(&self.url))
+            .field(
+                "failover_urls",
+                &self
+                    .failover_urls
+                    .iter()
+                    .map(|u| debug_url(u))
+                    .collect::<Vec<_>>(),
+            )
             .field(
                 "token",
                 &if self.token.is_empty() {
@@ -259,7 +291,8 @@ impl fmt::Debug for Config {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawConfig {
-    url: Option<String>,
+    #[serde(default, deserialize_with = "url_list")]
+    url: Option<Vec<String>>,
     token: Option<String>,
     cluster: Option<String>,
     hostname: Option<String>,
@@ -280,6 +313,7 @@ impl Config {
     pub fn new(url: impl Into<String>) -> Config {
         Config {
             url: url.into(),
+            failover_urls: Vec::new(),
             token: String::new(),
             cluster: String::new(),
             hostname: String::new(),
@@ -315,11 +349,16 @@ impl Config {
     }
 
     fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
-        let url = raw.url.unwrap_or_default();
-        if url.is_empty() {
+        let mut urls = raw.url.ok_or(ConfigError::MissingUrl)?.into_iter();
+        let url = urls.next().ok_or(ConfigError::EmptyUrlList)?;
+        let failover_urls: Vec<String> = urls.collect();
+        // Go treats an empty string like an absent key; an empty entry of a list is an error
+        // of that entry (reported by `validate`).
+        if url.is_empty() && failover_urls.is_empty() {
             return Err(ConfigError::MissingUrl);
         }
         let mut config = Config::new(url);
+        config.failover_urls = failover_urls;
         config.token = raw.token.unwrap_or_default();
         config.cluster = raw.cluster.unwrap_or_default();
         config.hostname = raw.hostname.unwrap_or_default();
@@ -365,7 +404,7 @@ impl Config {
     /// Checks what the typed fields cannot express: a usable URL, positive durations and
     /// names that are safe path components on the server.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        base_url(&self.url)?;
+        self.base_urls()?;
         for (key, value) in [
             ("heartbeat-interval", self.heartbeat_interval),
             ("config-poll-interval", self.config_poll_interval),
@@ -401,6 +440,47 @@ impl Config {
             });
         }
         Ok(())
+    }
+
+    /// Every configured server URL in order of preference: [`Config::url`], then
+    /// [`Config::failover_urls`].
+    pub fn urls(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.url.as_str()).chain(self.failover_urls.iter().map(String::as_str))
+    }
+
+    /// The base URL of every server (checked, without trailing slashes), in order of
+    /// preference. A list must not name one server twice.
+    pub(crate) fn base_urls(&self) -> Result<Vec<String>, ConfigError> {
+        let several = !self.failover_urls.is_empty();
+        let mut bases: Vec<String> = Vec::new();
+        let mut seen: Vec<String> = Vec::new();
+        for (i, url) in self.urls().enumerate() {
+            let entry = several.then_some(i + 1);
+            if url.is_empty() && !several {
+                return Err(ConfigError::MissingUrl);
+            }
+            let base = base_url(url).map_err(|e| match e {
+                ConfigError::InvalidUrl { reason, .. } => ConfigError::InvalidUrl { reason, entry },
+                ConfigError::MissingUrl => ConfigError::InvalidUrl {
+                    reason: "the entry is empty",
+                    entry,
+                },
+                other => other,
+            })?;
+            // Compared parsed, so `HTTP://H:80/` and `http://h` are one server.
+            let key = reqwest::Url::parse(&base)
+                .map(|u| u.as_str().trim_end_matches('/').to_owned())
+                .unwrap_or_else(|_| base.clone());
+            if let Some(first) = seen.iter().position(|k| *k == key) {
+                return Err(ConfigError::DuplicateUrl {
+                    first: first + 1,
+                    second: i + 1,
+                });
+            }
+            seen.push(key);
+            bases.push(base);
+        }
+        Ok(bases)
     }
 
     /// The roster verification key, if one is configured.
@@ -480,27 +560,108 @@ fn positive_duration(key: &'static str, value: &str) -> Result<Duration, ConfigE
     }
 }
 
+/// A URL for `Debug` output: without user information; a text that does not parse is shown
+/// only when it holds no `@`.
+fn debug_url(url: &str) -> String {
+    if reqwest::Url::parse(url).is_ok() || url.contains('@') {
+        super::servers::shown_url(url)
+    } else {
+        url.to_owned()
+    }
+}
+
+/// Reads `url` as one URL string (the Go form) or an array of URL strings.
+fn url_list<'de, D>(deserializer: D) -> Result<Option<Vec<String>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct UrlList;
+
+    impl<'de> serde::de::Visitor<'de> for UrlList {
+        type Value = Option<Vec<String>>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("`url` as a URL string or an array of URL strings")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(vec![v.to_owned()]))
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut urls = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(16));
+            while let Some(UrlEntry(url)) = seq.next_element()? {
+                urls.push(url);
+            }
+            Ok(Some(urls))
+        }
+    }
+
+    /// One entry of a `url` list; its own type so a wrong one is reported with the key.
+    struct UrlEntry(String);
+
+    impl<'de> Deserialize<'de> for UrlEntry {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<UrlEntry, D::Error> {
+            struct Entry;
+            impl serde::de::Visitor<'_> for Entry {
+                type Value = UrlEntry;
+
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a URL string as each entry of the `url` array")
+                }
+
+                fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<UrlEntry, E> {
+                    Ok(UrlEntry(v.to_owned()))
+                }
+            }
+            d.deserialize_str(Entry)
+        }
+    }
+
+    deserializer.deserialize_any(UrlList)
+}
+
 /// The base URL without trailing slashes, after checking it is absolute http(s) with a host.
 pub(crate) fn base_url(url: &str) -> Result<String, ConfigError> {
     if url.is_empty() {
         return Err(ConfigError::MissingUrl);
     }
+    // Go's client would take "http://a,http://b" for one (broken) URL; say what to do instead.
+    if url.split(',').skip(1).any(|rest| {
+        rest.trim_start().starts_with("http://") || rest.trim_start().starts_with("https://")
+    }) {
+        return Err(ConfigError::InvalidUrl {
+            reason: "several URLs in one string; list the servers as a JSON array instead",
+            entry: None,
+        });
+    }
     let parsed = reqwest::Url::parse(url).map_err(|_| ConfigError::InvalidUrl {
         reason: "not an absolute URL",
+        entry: None,
     })?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(ConfigError::InvalidUrl {
             reason: "the scheme must be http or https",
+            entry: None,
         });
     }
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err(ConfigError::InvalidUrl {
             reason: "the host is missing",
+            entry: None,
         });
     }
     if parsed.query().is_some() || parsed.fragment().is_some() {
         return Err(ConfigError::InvalidUrl {
             reason: "a query or fragment is not allowed",
+            entry: None,
         });
     }
     Ok(url.trim_end_matches('/').to_owned())
@@ -667,6 +828,151 @@ mod tests {
     }
 
     #[test]
+    fn one_url_string_is_one_server_as_in_go() {
+        let c = Config::from_json(r#"{"url":"https://cc.example.org/"}"#).unwrap();
+        assert_eq!(c.url, "https://cc.example.org/");
+        assert!(c.failover_urls.is_empty());
+        assert_eq!(c.base_urls().unwrap(), ["https://cc.example.org"]);
+    }
+
+    #[test]
+    fn an_array_of_urls_lists_the_servers_in_order_of_preference() {
+        let c = Config::from_json(
+            r#"{"url":["https://fleet1.example.org","http://fleet2:8080/cc/","https://fleet3"]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.url, "https://fleet1.example.org");
+        assert_eq!(
+            c.failover_urls,
+            ["http://fleet2:8080/cc/", "https://fleet3"]
+        );
+        assert_eq!(
+            c.urls().collect::<Vec<_>>(),
+            [
+                "https://fleet1.example.org",
+                "http://fleet2:8080/cc/",
+                "https://fleet3"
+            ]
+        );
+        assert_eq!(
+            c.base_urls().unwrap(),
+            [
+                "https://fleet1.example.org",
+                "http://fleet2:8080/cc",
+                "https://fleet3"
+            ]
+        );
+        c.validate().unwrap();
+        // A list of one is the same as the string.
+        let one = Config::from_json(r#"{"url":["https://h"]}"#).unwrap();
+        assert_eq!(one, Config::new("https://h"));
+        let value = Config::from_value(serde_json::json!({"url": ["https://a", "https://b"]}));
+        assert_eq!(value.unwrap().failover_urls, ["https://b"]);
+    }
+
+    #[test]
+    fn an_empty_url_list_is_refused_naming_the_key() {
+        let err = Config::from_json(r#"{"url":[]}"#).unwrap_err();
+        assert!(matches!(err, ConfigError::EmptyUrlList), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "fleet: 'url' is an empty list; give at least one server URL"
+        );
+        assert!(matches!(
+            Config::from_json(r#"{"url":null}"#),
+            Err(ConfigError::MissingUrl)
+        ));
+    }
+
+    #[test]
+    fn a_url_that_is_neither_a_string_nor_a_list_of_strings_is_refused_naming_the_key() {
+        for bad in [
+            r#"{"url":5}"#,
+            r#"{"url":{"a":1}}"#,
+            r#"{"url":["https://h",7]}"#,
+        ] {
+            let err = Config::from_json(bad).unwrap_err();
+            assert!(matches!(err, ConfigError::Decode(_)), "{bad}: {err}");
+            assert!(err.to_string().contains("url"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_server_listed_twice_is_refused() {
+        for list in [
+            r#"["https://a","https://b","https://a"]"#,
+            r#"["https://a","https://b","https://A:443/"]"#,
+            r#"["http://u:p@a","https://b","http://u:p@a/"]"#,
+        ] {
+            let err = Config::from_json(&format!(r#"{{"url":{list}}}"#))
+                .unwrap()
+                .validate()
+                .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    ConfigError::DuplicateUrl {
+                        first: 1,
+                        second: 3
+                    }
+                ),
+                "{list}: {err}"
+            );
+            assert_eq!(
+                err.to_string(),
+                "fleet: 'url' lists the same server twice (entries 1 and 3)"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_entry_of_a_url_list_is_named_by_its_position_without_its_credentials() {
+        let c = Config::from_json(r#"{"url":["https://a","ftp://u:s3cret@b"]}"#).unwrap();
+        let err = c.validate().unwrap_err();
+        assert!(
+            matches!(err, ConfigError::InvalidUrl { entry: Some(2), .. }),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "fleet: invalid url (entry 2 of the list): the scheme must be http or https"
+        );
+        let c = Config::from_json(r#"{"url":["https://a",""]}"#).unwrap();
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::InvalidUrl {
+                entry: Some(2),
+                reason: "the entry is empty"
+            })
+        ));
+        let c = Config::from_json(r#"{"url":["","https://a"]}"#).unwrap();
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::InvalidUrl { entry: Some(1), .. })
+        ));
+        // A single bad URL keeps its message.
+        let err = Config::new("ftp://h").validate().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "fleet: invalid url: the scheme must be http or https"
+        );
+    }
+
+    #[test]
+    fn comma_separated_urls_in_one_string_are_refused_with_a_hint() {
+        for bad in ["https://a,https://b", "http://a:8080, http://b:8080"] {
+            let err = Config::new(bad).validate().unwrap_err();
+            assert!(
+                matches!(err, ConfigError::InvalidUrl { .. }),
+                "{bad}: {err}"
+            );
+            assert!(err.to_string().contains("JSON array"), "{bad}: {err}");
+        }
+        // A comma inside a path is a URL's own business.
+        Config::new("https://h/a,b").validate().unwrap();
+    }
+
+    #[test]
     fn base_url_trims_trailing_slashes() {
         assert_eq!(
             base_url("https://cc.example.org//").unwrap(),
@@ -767,6 +1073,19 @@ mod tests {
         let shown = format!("{c:?}");
         assert!(!shown.contains("eyJ-secret"), "{shown}");
         assert!(shown.contains("<redacted>"));
+    }
+
+    #[test]
+    fn debug_shows_urls_without_their_user_information() {
+        let mut c = Config::new("https://cc:pw-one@fleet1");
+        c.failover_urls = vec!["https://cc:pw-two@fleet2:8443".into(), "a@b:c".into()];
+        let shown = format!("{c:?}");
+        for secret in ["pw-one", "pw-two", "a@b"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(shown.contains("https://fleet1"), "{shown}");
+        assert!(shown.contains("https://fleet2:8443"), "{shown}");
+        assert!(format!("{:?}", Config::new("cc.example.org")).contains("cc.example.org"));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! that is not registered, an unreachable cc-backend and any other unexpected status. A
 //! server error (5xx) or 429 Too Many Requests counts as unreachable: cc-backend (or a proxy
 //! in front of it) is there but cannot serve now, so the caller starts from its cache and
-//! retries, as it does when the network fails. No
+//! retries, as it does when the network fails. With several fleet servers configured, these
+//! failures first send the request to the next server; the error is the last server's. No
 //! message carries the token or the instance id: the id is a bearer credential for
 //! heartbeats, so it is also scrubbed from response bodies quoted in errors.
 
@@ -30,6 +31,8 @@ pub enum Op {
     Bootstrap,
     /// [`Client::close`](super::Client::close) as a whole.
     Close,
+    /// `GET /healthz`: probing a fleet server that failed, to return to it.
+    Health,
 }
 
 impl Op {
@@ -42,6 +45,7 @@ impl Op {
             Op::Deregister => "deregister",
             Op::Bootstrap => "bootstrap",
             Op::Close => "close",
+            Op::Health => "health",
         }
     }
 }

@@ -38,6 +38,15 @@
 //! otherwise; a disconnected NATS client never buffers them. When cc-backend answers 404 (the
 //! id was rotated or deregistered), [`Client::run`] registers again and pulls the
 //! configuration at once; NATS heartbeats cannot detect this, so the config poll does.
+//!
+//! `url` may list several fleet servers (a JSON array, in order of preference; one string is
+//! one server, as in Go). A request that fails with a connection error, a timeout, a server
+//! error (5xx) or 429 is sent to the next server at once, with the same instance id and ETag;
+//! a failed server is probed through `/healthz` with backoff and jitter, and requests return
+//! to the preferred server once it is healthy again. [`Client::current_server`] names the
+//! server in use. The servers must share one registry for the instance id to stay valid on
+//! all of them; a server that does not know the id answers 404 and the client registers there
+//! again.
 
 mod api;
 mod cache;
@@ -47,6 +56,7 @@ mod http;
 pub mod latest;
 mod rosters;
 mod run;
+mod servers;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -61,6 +71,7 @@ pub use error::{BootstrapError, Error, Op, StatusError};
 pub use latest::Latest;
 pub use rosters::RosterStats;
 pub use run::{MAX_BACKOFF, MIN_BACKOFF};
+pub use servers::{MAX_PROBE_INTERVAL, MIN_PROBE_INTERVAL};
 
 use crate::wire::{Provider, Scope, ServiceType};
 use cache::{Cache, Identity};
@@ -230,7 +241,7 @@ impl Client {
     pub fn new(opts: Options) -> Result<Client, Error> {
         let config = opts.config;
         config.validate()?;
-        let base = config::base_url(&config.url)?;
+        let bases = config.base_urls()?;
         let token = config.resolve_token()?;
         let hostname = config.effective_hostname()?;
         let http_client = match opts.http_client {
@@ -262,7 +273,7 @@ impl Client {
             .map(|path| Cache::new(path, identity.clone()));
         Ok(Client {
             inner: Arc::new(Inner {
-                http: http::Http::new(http_client, base, &token, config.timeout)?,
+                http: http::Http::new(http_client, bases, &token, config.timeout)?,
                 identity,
                 meta: opts.meta,
                 heartbeat_interval: config.heartbeat_interval,
@@ -326,6 +337,30 @@ impl Client {
         self.inner
             .failing_ops
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The fleet server requests go to now, without user information (`user:password@`):
+    /// the first `url` until it fails, then the next (see the module docs on failover).
+    pub fn current_server(&self) -> &str {
+        self.inner.http.current_shown()
+    }
+
+    /// Every configured fleet server in order of preference, without user information, each
+    /// with whether it is considered down now (a failed request, and no healthy probe since).
+    pub fn servers(&self) -> Vec<(String, bool)> {
+        let servers = self.inner.http.servers();
+        servers
+            .down()
+            .into_iter()
+            .enumerate()
+            .map(|(i, down)| (servers.get(i).shown.clone(), down))
+            .collect()
+    }
+
+    /// How often the client moved to another fleet server: failovers and returns to a
+    /// preferred server that is healthy again.
+    pub fn server_changes(&self) -> u64 {
+        self.inner.http.servers().failovers()
     }
 
     /// How many rosters were accepted and rejected, by reason.

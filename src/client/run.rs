@@ -326,9 +326,10 @@ impl Runner {
                 self.subscription = Some(Subscription { connection, task });
                 self.reporter.recovered("subscribe");
             }
-            Err(e) => self
-                .reporter
-                .failed("subscribe", &format!("fleet subscribe {subject}: {e}")),
+            Err(e) => self.reporter.failed(
+                "subscribe",
+                &format!("fleet subscribe {subject}: {}", crate::nats::scrub(&e, &[])),
+            ),
         }
     }
 }

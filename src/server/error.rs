@@ -46,12 +46,30 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
-    /// The NATS connection cannot be set up.
+    /// The NATS connection cannot be set up. The text has passed [`crate::nats::scrub`]:
+    /// build it with [`ServerError::nats`].
     #[error("nats: {0}")]
     Nats(String),
     /// A background task panicked.
     #[error("server task failed: {0}")]
     Task(String),
+}
+
+impl ServerError {
+    /// A NATS error, scrubbed of the credentials of `config`'s address and password (see
+    /// [`crate::nats::scrub`]); `context` says what was being done.
+    pub(crate) fn nats(
+        config: &crate::nats::NatsConfig,
+        context: &str,
+        error: &dyn std::fmt::Display,
+    ) -> ServerError {
+        let text = config.scrub(error);
+        if context.is_empty() {
+            ServerError::Nats(text)
+        } else {
+            ServerError::Nats(format!("{context}: {text}"))
+        }
+    }
 }
 
 /// Errors of token and key handling.

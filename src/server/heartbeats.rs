@@ -90,7 +90,12 @@ where
     let subscriber = client
         .queue_subscribe(subject.to_owned(), QUEUE_GROUP.to_owned())
         .await
-        .map_err(|e| ServerError::Nats(format!("subscribing to the heartbeat subject: {e}")))?;
+        .map_err(|e| {
+            ServerError::Nats(format!(
+                "subscribing to the heartbeat subject: {}",
+                crate::nats::scrub(&e, &[])
+            ))
+        })?;
     tracing::info!(
         "NATS fleet heartbeat subscription started on subject {subject:?} (queue group {QUEUE_GROUP:?}) — \
          restrict publish permissions on it: a heartbeat keeps any known instance active"

@@ -99,10 +99,10 @@ async fn connect_nats(
 ) -> Result<async_nats::Client, ServerError> {
     // An outage is logged once (and its end once), not on every reconnect attempt.
     let reporter = crate::nats::ConnectionReporter::new(&config.address);
-    config
+    let options = config
         .connect_options("ccfleet-server")
         .await
-        .map_err(|e| ServerError::Nats(e.to_string()))?
+        .map_err(|e| ServerError::nats(config, "", &e))?
         .subscription_capacity(subscription_capacity)
         .event_callback(move |event| {
             let metrics = metrics.clone();
@@ -120,10 +120,9 @@ async fn connect_nats(
                 }
                 reporter.on_event(event).await;
             }
-        })
-        .connect(config.address.as_str())
-        .await
-        .map_err(|e| ServerError::Nats(e.to_string()))
+        });
+    // The error text is scrubbed already.
+    config.connect(options).await.map_err(ServerError::Nats)
 }
 
 fn spawn_sweeper(

@@ -212,23 +212,22 @@ pub async fn connect_nats(
 ) -> Result<(async_nats::Client, ConnectionReporter), AgentError> {
     let reporter = ConnectionReporter::new(&section.address);
     let events = reporter.clone();
-    let client = section
+    let options = section
         .connect_options("ccfleet-agent")
         .await
-        .map_err(|e| AgentError::Config(e.to_string()))?
+        .map_err(|e| AgentError::Config(section.scrub(&e)))?
         .event_callback(move |event| {
             let events = events.clone();
             async move { events.on_event(event).await }
-        })
-        .connect(section.address.as_str())
-        .await
-        .map_err(|e| {
-            // The address may carry credentials: only its host and port are shown.
-            AgentError::Nats(format!(
-                "cannot connect to {}: {e}",
-                section.display_address()
-            ))
-        })?;
+        });
+    let client = section.connect(options).await.map_err(|e| {
+        // The address may carry credentials: only its host and port are shown, and the
+        // error is scrubbed.
+        AgentError::Nats(format!(
+            "cannot connect to {}: {e}",
+            section.display_address()
+        ))
+    })?;
     Ok((client, reporter))
 }
 

@@ -3,9 +3,10 @@
 //!
 //! Everything shown is about this agent's own work: plugin states, restarts, quarantines,
 //! calls and their latency, points emitted and dropped, the metric output, the fleet and NATS
-//! connections and the configuration revision. Nothing secret is shown: no instance id, no
-//! token, no NATS address or credentials; plugin names come from the agent's own
-//! configuration and the revision is escaped and capped.
+//! connections, the fleet server in use and the configuration revision. Nothing secret is
+//! shown: no instance id, no token, no NATS address or credentials, fleet server URLs only
+//! without their user information; plugin names come from the agent's own configuration and
+//! the revision is escaped and capped.
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -282,6 +283,42 @@ impl Observed {
              # TYPE ccfleet_agent_fleet_operations_failing gauge\n\
              ccfleet_agent_fleet_operations_failing {}\n",
             self.client.failing_operations()
+        );
+        header(
+            &mut out,
+            "ccfleet_agent_fleet_server_info",
+            "gauge",
+            "The fleet server requests go to now (its URL without user information; always 1).",
+        );
+        let _ = writeln!(
+            out,
+            "ccfleet_agent_fleet_server_info{{url=\"{}\"}} 1",
+            label(self.client.current_server())
+        );
+        header(
+            &mut out,
+            "ccfleet_agent_fleet_server_down",
+            "gauge",
+            "1 for each configured fleet server that failed and has not answered a health probe since.",
+        );
+        for (url, down) in self.client.servers() {
+            let _ = writeln!(
+                out,
+                "ccfleet_agent_fleet_server_down{{url=\"{}\"}} {}",
+                label(&url),
+                u8::from(down)
+            );
+        }
+        header(
+            &mut out,
+            "ccfleet_agent_fleet_server_changes_total",
+            "counter",
+            "Times the agent moved to another fleet server: failovers and returns to a preferred one.",
+        );
+        let _ = writeln!(
+            out,
+            "ccfleet_agent_fleet_server_changes_total {}",
+            self.client.server_changes()
         );
         if let Some(connected) = self.nats_connected() {
             let _ = write!(

@@ -136,6 +136,7 @@ pub async fn run_counted(mut rx: BatchReceiver, target: Target, stats: Arc<SinkS
                 match client.publish(subject.clone(), batch.lines.clone()).await {
                     Ok(()) => true,
                     Err(error) => {
+                        let error = ccfleet::nats::scrub(&error, &[]);
                         tracing::warn!(plugin = %batch.plugin, %error, "cannot publish metrics to NATS");
                         false
                     }
@@ -157,6 +158,7 @@ pub async fn run_counted(mut rx: BatchReceiver, target: Target, stats: Arc<SinkS
     if let Target::Nats { client, .. } = &target
         && let Err(error) = client.flush().await
     {
+        let error = ccfleet::nats::scrub(&error, &[]);
         tracing::warn!(%error, "cannot flush metrics to NATS");
     }
 }
