@@ -475,7 +475,9 @@ async fn netstat_reports_totals_and_rates_per_device_across_wraps_and_device_cha
     let second = net_rows(&read(run.root(), "/proc/net/dev"));
     let expected = net_expected(Some(&first), &second, 5.0);
     assert!(
-        expected.iter().any(|p| p.name.ends_with("_bw") && p.value != V::F(0.0)),
+        expected
+            .iter()
+            .any(|p| p.name.ends_with("_bw") && p.value != V::F(0.0)),
         "the recording has traffic to compare rates of"
     );
     assert_points(run.collect(T2).await, expected);
