@@ -218,6 +218,7 @@ fn decode(c: &mut Criterion) {
         metrics(10_000),
         long_strings(500),
         short_lines(10_000),
+        many_fields(1_000),
     ] {
         assert_eq!(
             ccfleet_read(input.text.as_bytes(), true),
@@ -238,6 +239,33 @@ fn decode(c: &mut Criterion) {
         });
         group.finish();
     }
+}
+
+/// Unescaping a roster's payload (a string field whose every JSON quote is escaped), with
+/// each implementation this CPU runs.
+fn unescape(c: &mut Criterion) {
+    let roster = rosters(1);
+    let line = Decoder::new(roster.text.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap();
+    let payload = line
+        .fields()
+        .find_map(|(_, v)| v.as_str_token())
+        .expect("a roster has a string field");
+    let mut group = c.benchmark_group("unescape/roster-payload");
+    group.throughput(Throughput::Bytes(payload.raw().len() as u64));
+    let mut out = String::new();
+    for (name, implementation) in ccfleet::lineproto::unescape_implementations() {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                out.clear();
+                implementation(black_box(payload.raw()), payload.kind(), &mut out);
+                out.len()
+            })
+        });
+    }
+    group.finish();
 }
 
 fn fleet(c: &mut Criterion) {
@@ -305,7 +333,7 @@ fn fleet(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = decode, fleet
+    targets = decode, unescape, fleet
 }
 
 fn main() {

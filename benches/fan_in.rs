@@ -7,6 +7,8 @@
 //! FANIN_INSTANCES=100000 FANIN_ROUNDS=5 FANIN_BATCH=1000 cargo bench -p ccfleet --bench fan_in --features server
 //! ```
 //!
+//! `FANIN_PENDING` sets the server's `fleet.heartbeat-pending-messages` (default 1 024).
+//!
 //! Reports registration time, the decode stage alone (classify every line and parse the
 //! id, one core), and heartbeats per second applied end to end for the first round (every
 //! instance goes pending -> active: one row write each) and for the following rounds
@@ -232,12 +234,18 @@ async fn run() {
     decode_stage(&messages, instances);
 
     let nats = nats::NatsServer::start();
+    let pending = env_usize("FANIN_PENDING", 1024);
+    println!("heartbeat-pending-messages: {pending}");
     let config = serde_json::json!({
         "addr": "127.0.0.1:0",
         "db": db,
         "disable-authentication": true,
         "nats": {"address": nats.url()},
-        "fleet": {"heartbeat-subject": SUBJECT, "discovery-interval": "1h"}
+        "fleet": {
+            "heartbeat-subject": SUBJECT,
+            "discovery-interval": "1h",
+            "heartbeat-pending-messages": pending,
+        }
     });
     let server = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
         .await

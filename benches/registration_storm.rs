@@ -1,18 +1,30 @@
 //! A registration storm through the real HTTP API into a SQLite registry file: how many
 //! registrations per second the server acknowledges, their latency (p50, p99, max), the
 //! bytes this process wrote to storage per registration (`write_bytes` of `/proc/self/io`,
-//! which includes the WAL checkpoints), and how large the write-ahead log grows (sampled
-//! every 10 ms while the storm runs).
+//! which includes the WAL checkpoints), how large the write-ahead log grows (sampled every
+//! 10 ms while the storm runs), and the resident memory a server needs per registered
+//! instance.
 //!
 //! ```text
 //! cargo bench -p ccfleet --bench registration_storm --features server,client
-//! STORM_REGISTRATIONS=100000 STORM_CONCURRENCY=64 cargo bench -p ccfleet --bench registration_storm --features server,client
+//! STORM_REGISTRATIONS=100000 STORM_CONCURRENCY=512 cargo bench -p ccfleet --bench registration_storm --features server,client
 //! STORM_NAMES=random cargo bench -p ccfleet --bench registration_storm --features server,client
 //! ```
 //!
+//! The load generator is a minimal HTTP/1.1 client on keep-alive connections, one request
+//! in flight per connection (as each agent does), so that the server, not the client, is
+//! what the figures measure; it shares the process (and the machine's cores) with the
+//! server. Every request carries an Ed25519 token (the same one, as a fleet's agents do)
+//! unless `STORM_AUTH=off`.
+//!
 //! Host names are sequential (`n0000000`, `n0000001`, ...) unless `STORM_NAMES=random`.
 //! `STORM_DIR` puts the database in a given directory (default: a temporary one). Every
-//! registration must answer 201 and be a row afterwards; the run fails otherwise.
+//! registration must answer 201 with an instance id and be a row afterwards; the run fails
+//! otherwise.
+//!
+//! Memory: after the storm the bench starts itself again as a separate process that only
+//! opens the registry file (loading every row into the in-memory index, as a server does at
+//! start) and reports its resident memory (`VmRSS`) before and after, per instance.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,7 +32,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ccfleet::server::ServerConfig;
+use ccfleet::server::auth::Keypair;
 use ccfleet::server::registry::{JOURNAL_SIZE_LIMIT, Registry};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Set in the environment of the child process that measures the registry's memory.
+const RSS_CHILD: &str = "STORM_RSS_CHILD_DB";
 
 fn env_usize(name: &str, default: usize) -> usize {
     match std::env::var(name) {
@@ -31,16 +49,26 @@ fn env_usize(name: &str, default: usize) -> usize {
     }
 }
 
-/// Bytes this process caused to be written to storage so far (Linux; 0 elsewhere).
-fn written_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/io")
+/// A field of `/proc/self/<file>` in the units the kernel gives (Linux; 0 elsewhere).
+fn proc_self(file: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/self/{file}"))
         .ok()
-        .and_then(|io| {
-            io.lines()
-                .find_map(|line| line.strip_prefix("write_bytes: "))
-                .and_then(|v| v.trim().parse().ok())
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// Bytes this process caused to be written to storage so far.
+fn written_bytes() -> u64 {
+    proc_self("io", "write_bytes:")
+}
+
+/// Resident memory of this process, bytes.
+fn resident_bytes() -> u64 {
+    proc_self("status", "VmRSS:") * 1024
 }
 
 fn file_len(path: &Path) -> u64 {
@@ -52,21 +80,188 @@ fn mib(bytes: u64) -> String {
 }
 
 fn main() {
+    if let Some(db) = std::env::var_os(RSS_CHILD) {
+        resident_child(Path::new(&db));
+        return;
+    }
     let total = env_usize("STORM_REGISTRATIONS", 20_000);
     let random = match std::env::var("STORM_NAMES").as_deref() {
         Ok("random") => true,
         Ok("sequential") | Err(_) => false,
         Ok(other) => panic!("STORM_NAMES={other:?}: use sequential or random"),
     };
-    let concurrency = env_usize("STORM_CONCURRENCY", 32).max(1);
+    let auth = match std::env::var("STORM_AUTH").as_deref() {
+        Ok("on") | Err(_) => true,
+        Ok("off") => false,
+        Ok(other) => panic!("STORM_AUTH={other:?}: use on or off"),
+    };
+    let concurrency = env_usize("STORM_CONCURRENCY", 512).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(storm(total, concurrency, random));
+    runtime.block_on(storm(total, concurrency, random, auth));
 }
 
-async fn storm(total: usize, concurrency: usize, random: bool) {
+/// Counts the bytes Rust code allocated and not yet freed (SQLite allocates through libc
+/// directly), so the child can tell what the index holds.
+struct Counting;
+
+static LIVE: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded to the system allocator unchanged; only a counter is kept.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        LIVE.fetch_add(size as u64, Ordering::Relaxed);
+        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on.
+        unsafe { std::alloc::System.realloc(ptr, layout, size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn release_free_memory() {
+    unsafe extern "C" {
+        fn malloc_trim(pad: usize) -> i32;
+    }
+    // SAFETY: glibc's malloc_trim only returns free pages to the kernel.
+    unsafe { malloc_trim(0) };
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_free_memory() {}
+
+/// The child process: opens the registry and reports what its index costs in memory.
+fn resident_child(db: &Path) {
+    let rss_before = resident_bytes();
+    let live_before = LIVE.load(Ordering::Relaxed);
+    let registry = Registry::open(Some(db)).expect("open registry");
+    let counts = registry.counts();
+    let instances = counts.pending + counts.active + counts.stale + counts.deregistered;
+    // What loading the rows allocated and freed again is not the server's to keep.
+    release_free_memory();
+    let rss = resident_bytes().saturating_sub(rss_before);
+    let live = LIVE.load(Ordering::Relaxed).saturating_sub(live_before);
+    // SAFETY: a plain counter read of the bundled SQLite.
+    let sqlite = u64::try_from(unsafe { rusqlite::ffi::sqlite3_memory_used() }).unwrap_or(0);
+    let per = |bytes: u64| bytes as f64 / instances.max(1) as f64;
+    println!(
+        "server memory with {instances} instances loaded: resident {} = {:.0} bytes per instance (VmRSS growth of a process that only opened the registry); of it the in-memory index {:.0} bytes per instance (Rust heap held) and SQLite {} (page cache and statements)",
+        mib(rss),
+        per(rss),
+        per(live),
+        mib(sqlite),
+    );
+    drop(registry);
+}
+
+/// Registers host after host on one keep-alive connection until `next` reaches `total`;
+/// returns each registration's latency.
+async fn client(
+    addr: std::net::SocketAddr,
+    next: Arc<AtomicU64>,
+    total: u64,
+    random: bool,
+    authorization: Arc<str>,
+) -> Vec<Duration> {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let mut latencies = Vec::new();
+    let mut request = Vec::with_capacity(1024);
+    let mut response = Vec::with_capacity(1024);
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= total {
+            return latencies;
+        }
+        let host = if random {
+            // Distinct, but scattered over the unique index like real host names.
+            format!("n{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        } else {
+            format!("n{i:07}")
+        };
+        let body = format!(
+            r#"{{"cluster":"storm{}","hostname":"{host}","serviceType":"ccmc","metaData":{{"rack":"r{}"}}}}"#,
+            i % 16,
+            i % 64
+        );
+        request.clear();
+        request.extend_from_slice(
+            format!(
+                "POST /api/fleet/register/cluster/ HTTP/1.1\r\nhost: storm\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{authorization}\r\n",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        request.extend_from_slice(body.as_bytes());
+        let sent = Instant::now();
+        stream.write_all(&request).await.expect("send request");
+        let (status, answer) = read_response(&mut stream, &mut response).await;
+        assert_eq!(
+            status,
+            201,
+            "registration {i}: {}",
+            String::from_utf8_lossy(answer)
+        );
+        let answer: serde_json::Value = serde_json::from_slice(answer).expect("JSON answer");
+        assert_eq!(
+            answer["instanceId"].as_str().map(str::len),
+            Some(32),
+            "registration {i}: {answer}"
+        );
+        latencies.push(sent.elapsed());
+    }
+}
+
+/// Reads one HTTP/1.1 response with a `content-length`; returns its status and body.
+async fn read_response<'a>(stream: &mut TcpStream, buf: &'a mut Vec<u8>) -> (u16, &'a [u8]) {
+    buf.clear();
+    let mut chunk = [0u8; 4096];
+    let (head_end, length) = loop {
+        let n = stream.read(&mut chunk).await.expect("read response");
+        assert!(n > 0, "the server closed the connection");
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = memchr::memmem::find(buf, b"\r\n\r\n") {
+            let head = std::str::from_utf8(&buf[..end]).expect("ASCII head");
+            let length = head
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .expect("a content-length");
+            break (end + 4, length);
+        }
+    };
+    while buf.len() < head_end + length {
+        let n = stream.read(&mut chunk).await.expect("read body");
+        assert!(n > 0, "the server closed the connection");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let status = std::str::from_utf8(&buf[9..12])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    (status, &buf[head_end..head_end + length])
+}
+
+async fn storm(total: usize, concurrency: usize, random: bool, auth: bool) {
     let temp = tempfile::tempdir().expect("temporary directory");
     let dir = std::env::var_os("STORM_DIR")
         .map(std::path::PathBuf::from)
@@ -76,23 +271,25 @@ async fn storm(total: usize, concurrency: usize, random: bool) {
     for stale in [&db, &wal] {
         let _ = std::fs::remove_file(stale);
     }
-    let config = ServerConfig::from_json(
-        &serde_json::json!({
-            "addr": "127.0.0.1:0",
-            "disable-authentication": true,
-            "db": db,
-        })
-        .to_string(),
-    )
-    .expect("bench config");
+    let keys = Keypair::generate();
+    let mut config = serde_json::json!({
+        "addr": "127.0.0.1:0",
+        "db": db,
+        "http-max-connections": concurrency + 64,
+    });
+    let authorization: Arc<str> = if auth {
+        config["jwt-public-key"] = keys.public_key_base64().into();
+        format!(
+            "authorization: Bearer {}\r\n",
+            keys.sign_token("storm", &["api"], None)
+        )
+        .into()
+    } else {
+        config["disable-authentication"] = true.into();
+        "".into()
+    };
+    let config = ServerConfig::from_json(&config.to_string()).expect("bench config");
     let server = ccfleet::server::start(config).await.expect("server starts");
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(concurrency)
-        .build()
-        .expect("http client");
-    let url = format!("{}/api/fleet/register/cluster/", server.base_url());
 
     let done = Arc::new(AtomicBool::new(false));
     let peak_wal = Arc::new(AtomicU64::new(0));
@@ -107,46 +304,26 @@ async fn storm(total: usize, concurrency: usize, random: bool) {
     };
 
     println!(
-        "registration storm: {total} registrations, {concurrency} concurrent clients, {} host names",
-        if random { "random" } else { "sequential" }
+        "registration storm: {total} registrations, {concurrency} concurrent connections, {} host names, authentication {}",
+        if random { "random" } else { "sequential" },
+        if auth {
+            "on (one Ed25519 token)"
+        } else {
+            "off"
+        }
     );
     let next = Arc::new(AtomicU64::new(0));
     let written_before = written_bytes();
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..concurrency {
-        let (client, url, next) = (client.clone(), url.clone(), next.clone());
-        workers.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= total as u64 {
-                    return latencies;
-                }
-                let host = if random {
-                    // Distinct, but scattered over the unique index like real host names.
-                    format!("n{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-                } else {
-                    format!("n{i:07}")
-                };
-                let body = format!(
-                    r#"{{"cluster":"storm{}","hostname":"{host}","serviceType":"ccmc","metaData":{{"rack":"r{}"}}}}"#,
-                    i % 16,
-                    i % 64
-                );
-                let sent = Instant::now();
-                let response = client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .expect("register request");
-                assert_eq!(response.status().as_u16(), 201, "registration {i}");
-                response.bytes().await.expect("register response");
-                latencies.push(sent.elapsed());
-            }
-        }));
+        workers.push(tokio::spawn(client(
+            server.local_addr(),
+            next.clone(),
+            total as u64,
+            random,
+            authorization.clone(),
+        )));
     }
     let mut latencies = Vec::with_capacity(total);
     for worker in workers {
@@ -195,4 +372,11 @@ async fn storm(total: usize, concurrency: usize, random: bool) {
         mib(JOURNAL_SIZE_LIMIT as u64)
     );
     println!("database file: {}", mib(db_len));
+
+    let exe = std::env::current_exe().expect("own executable");
+    let status = std::process::Command::new(exe)
+        .env(RSS_CHILD, &db)
+        .status()
+        .expect("memory child");
+    assert!(status.success(), "memory child failed");
 }

@@ -44,3 +44,8 @@ fn roster_decoding_passes_its_fuzz_checks_on_every_seed_and_past_failure() {
 fn encode_decode_round_trips_pass_their_fuzz_checks_on_every_seed_and_past_failure() {
     replay("round_trip", checks::round_trip);
 }
+
+#[test]
+fn every_unescaping_implementation_passes_its_fuzz_checks_on_every_seed() {
+    replay("unescape", checks::unescape);
+}

@@ -3,7 +3,8 @@
 //! every input that once failed, so the checks also run in the ordinary test suite.
 
 use ccfleet::lineproto::{
-    Decoder, DecoderOptions, Encoder, FieldValue, OwnedValue, Point, Precision,
+    Decoder, DecoderOptions, Encoder, FieldValue, OwnedValue, Point, Precision, TokenKind,
+    unescape_implementations,
 };
 use ccfleet::wire::{self, HeartbeatLine, Provider, ProviderType, ServiceType};
 
@@ -245,4 +246,56 @@ pub fn round_trip(data: &[u8]) {
         .replace('\n', "\\\\n");
     assert_eq!(line.tag("cluster").unwrap().unescape(), go_bucket);
     assert_eq!(line.tag("type").unwrap().unescape(), consumer.code());
+}
+
+/// Any text unescaped as a token of the kind the first byte picks: every implementation this
+/// CPU runs (portable, SSE2, AVX2, NEON) must give what a byte-at-a-time reading of the
+/// escape rules gives, and `Token::unescape` the same.
+pub fn unescape(data: &[u8]) {
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    let kind = [
+        TokenKind::Measurement,
+        TokenKind::Key,
+        TokenKind::StringField,
+    ][usize::from(pick % 3)];
+    let raw = String::from_utf8_lossy(rest);
+    let want = unescape_reference(&raw, kind);
+    for (name, unescape) in unescape_implementations() {
+        let mut out = String::from("prefix");
+        unescape(&raw, kind, &mut out);
+        assert_eq!(out.strip_prefix("prefix"), Some(want.as_str()), "{name}");
+    }
+}
+
+/// The escape rules one byte at a time: a backslash followed by a byte of the kind's set
+/// stands for that byte (`n`, `r`, `t` for control characters in strings); any other
+/// backslash is literal and the byte after it is read afresh.
+fn unescape_reference(raw: &str, kind: TokenKind) -> String {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let replaced = match (kind, bytes[i], bytes.get(i + 1)) {
+            (TokenKind::Measurement, b'\\', Some(&c @ (b' ' | b','))) => Some(c),
+            (TokenKind::Key, b'\\', Some(&c @ (b' ' | b',' | b'='))) => Some(c),
+            (TokenKind::StringField, b'\\', Some(&c @ (b'\\' | b'"'))) => Some(c),
+            (TokenKind::StringField, b'\\', Some(b'n')) => Some(b'\n'),
+            (TokenKind::StringField, b'\\', Some(b'r')) => Some(b'\r'),
+            (TokenKind::StringField, b'\\', Some(b't')) => Some(b'\t'),
+            _ => None,
+        };
+        match replaced {
+            Some(c) => {
+                out.push(c);
+                i += 2;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).expect("unescaping keeps UTF-8")
 }

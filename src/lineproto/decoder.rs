@@ -1,6 +1,6 @@
 use super::error::{DecodeError, DecodeErrorKind};
 use super::precision::Precision;
-use super::scan;
+use super::simd;
 use super::table::{FIELD_VALUE_STOP, KEY_STOP, MEASUREMENT_STOP, is_non_printable};
 use super::token::{Token, TokenKind};
 use super::value::{self, FieldValue};
@@ -334,8 +334,13 @@ impl<'a> Decoder<'a> {
                 None => return Err(Failure::new(i, DecodeErrorKind::EmptyFieldValue, i)),
                 Some(b'"') => {
                     let body = i + 1;
-                    let (end, escaped, lines) = scan_string(buf, body);
-                    if !buf[body..end].is_ascii() {
+                    let simd::StringScan {
+                        close: end,
+                        escaped,
+                        newlines: lines,
+                        high,
+                    } = simd::scan_string(buf, body);
+                    if high {
                         self.check_utf8(body, end)?;
                     }
                     if end >= buf.len() {
@@ -352,11 +357,17 @@ impl<'a> Decoder<'a> {
                     i = end + 1;
                     Ok(())
                 }
+                Some(b'-' | b'.' | b'0'..=b'9')
+                    if let Some((end, _)) = value::parse_plain_number(buf, i) =>
+                {
+                    i = end;
+                    Ok(())
+                }
                 Some(b't' | b'T' | b'f' | b'F' | b'-' | b'.' | b'0'..=b'9') => {
                     while i < buf.len() && !FIELD_VALUE_STOP[buf[i] as usize] {
                         i += 1;
                     }
-                    value::parse_unquoted(&buf[v_start..i]).map(|_| ())
+                    value::parse_unquoted_in(buf, v_start, i).map(|_| ())
                 }
                 Some(b' ' | b',') => {
                     return Err(Failure::new(i, DecodeErrorKind::EmptyFieldValue, i));
@@ -403,6 +414,13 @@ impl<'a> Decoder<'a> {
         let mut time = None;
         if let Some(t_start) = time_start {
             i = t_start;
+            // Whole words of digits first (a nanosecond timestamp has 19).
+            while let Some(word) = buf.get(i..i + 8) {
+                if !value::all_digits(word) {
+                    break;
+                }
+                i += 8;
+            }
             while i < buf.len() && (buf[i].is_ascii_digit() || buf[i] == b'-') {
                 i += 1;
             }
@@ -553,7 +571,9 @@ impl<'a> Iterator for Decoder<'a> {
 fn scan_token(buf: &[u8], mut i: usize, stop: &[bool; 256], escapes: &[u8]) -> (usize, bool, bool) {
     let mut escaped = false;
     let mut high = false;
+    let with_equals = stop[usize::from(b'=')];
     loop {
+        i = simd::skip_token_bytes(buf, i, with_equals);
         while i < buf.len() && !stop[buf[i] as usize] {
             i += 1;
         }
@@ -572,77 +592,6 @@ fn scan_token(buf: &[u8], mut i: usize, stop: &[bool; 256], escapes: &[u8]) -> (
             }
             _ => return (i, escaped, high),
         }
-    }
-}
-
-/// Scans a string field body starting after its opening quote; returns the index of the
-/// closing quote (the end of the input when there is none), whether it contained a
-/// backslash, and how many raw newlines it holds.
-///
-/// JSON payloads put a special byte (`\"`) every few bytes, so the scan handles every
-/// special of an 8-byte word from one load; after a few words without any it lets
-/// `memchr` jump ahead (plain text, long strings).
-#[inline]
-fn scan_string(buf: &[u8], start: usize) -> (usize, bool, usize) {
-    let mut i = start;
-    let mut escaped = false;
-    let mut newlines = 0;
-    let mut quiet_words = 0;
-    loop {
-        let word = if i + 8 <= buf.len() {
-            scan::load(buf, i)
-        } else if i < buf.len() {
-            // The last bytes, zero-padded: a zero byte is never special.
-            let mut tail = [0u8; 8];
-            tail[..buf.len() - i].copy_from_slice(&buf[i..]);
-            u64::from_le_bytes(tail)
-        } else {
-            return (buf.len(), escaped, newlines);
-        };
-        let mut mask = scan::string_specials(word);
-        if mask == 0 {
-            if i + 8 >= buf.len() {
-                // That was the last (possibly zero-padded) word: no closing quote.
-                return (buf.len(), escaped, newlines);
-            }
-            quiet_words += 1;
-            if quiet_words >= 4 {
-                quiet_words = 0;
-                match scan::find3(buf, i + 8, b'"', b'\\', b'\n') {
-                    Some(at) => i = at,
-                    None => return (buf.len(), escaped, newlines),
-                }
-            } else {
-                i += 8;
-            }
-            continue;
-        }
-        quiet_words = 0;
-        let mut next = i + 8;
-        while mask != 0 {
-            let pos = (mask.trailing_zeros() / 8) as usize;
-            mask &= mask - 1;
-            let at = i + pos;
-            match buf[at] {
-                b'"' => return (at, escaped, newlines),
-                b'\\' => {
-                    escaped = true;
-                    match buf.get(at + 1) {
-                        None => return (buf.len(), escaped, newlines),
-                        Some(b'\n') => newlines += 1,
-                        Some(_) => {}
-                    }
-                    if pos == 7 {
-                        // The escaped byte opens the next word.
-                        next = at + 2;
-                        break;
-                    }
-                    mask &= !(0xffu64 << ((pos + 1) * 8));
-                }
-                _ => newlines += 1,
-            }
-        }
-        i = next;
     }
 }
 
@@ -769,17 +718,19 @@ impl<'a> Iterator for Fields<'a> {
             let (close, escaped) = if known.open != 0 && known.open == self.offset + v_start {
                 (known.close - self.offset, known.escaped)
             } else {
-                let (close, escaped, _) = scan_string(rest, v_start + 1);
-                (close, escaped)
+                let scan = simd::scan_string(rest, v_start + 1);
+                (scan.close, scan.escaped)
             };
             let text = as_str(&rest[v_start + 1..close]);
             (value::string_value(text, escaped), close + 1)
+        } else if let Some((end, value)) = value::parse_plain_number(rest, v_start) {
+            (value, end)
         } else {
             let mut end = v_start;
             while end < rest.len() && rest[end] != b',' {
                 end += 1;
             }
-            (value::parse_unquoted(&rest[v_start..end]).ok()?, end)
+            (value::parse_unquoted_in(rest, v_start, end).ok()?, end)
         };
         self.rest = rest.get(end + 1..).unwrap_or_default();
         self.offset += end + 1;
@@ -790,27 +741,6 @@ impl<'a> Iterator for Fields<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A byte-at-a-time reference for `scan_string`.
-    fn reference(buf: &[u8], start: usize) -> Option<(usize, bool, usize)> {
-        let (mut i, mut escaped, mut newlines) = (start, false, 0);
-        while i < buf.len() {
-            match buf[i] {
-                b'"' => return Some((i, escaped, newlines)),
-                b'\\' => {
-                    escaped = true;
-                    newlines += usize::from(*buf.get(i + 1)? == b'\n');
-                    i += 2;
-                }
-                b'\n' => {
-                    newlines += 1;
-                    i += 1;
-                }
-                _ => i += 1,
-            }
-        }
-        None
-    }
 
     #[test]
     fn an_unterminated_string_near_the_end_of_the_input_is_an_error_not_a_panic() {
@@ -826,63 +756,5 @@ mod tests {
         let heartbeat = b"fleet,function=heartbeat event=\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
         let error = Decoder::new(heartbeat).next().unwrap().unwrap_err();
         assert_eq!(error.kind, DecodeErrorKind::UnterminatedString);
-    }
-
-    /// Every special the string scan looks for, alone and in the pairs that straddle words.
-    const STRING_SPECIALS: [&[u8]; 9] = [
-        b"", b"\"", b"\\", b"\\\"", b"\\\\", b"\n", b"\\\n", b"\\n", b"\"\"",
-    ];
-
-    #[test]
-    fn string_scan_agrees_with_a_byte_loop_for_every_length_and_position() {
-        // Strings of 0..=80 bytes, with each special at every position (or at the very end,
-        // where a backslash has nothing to escape), after openings of every alignment.
-        for lead in 0..9 {
-            for n in 0..=80 {
-                for at in 0..=n {
-                    for special in STRING_SPECIALS {
-                        let mut buf = vec![b'x'; lead];
-                        buf.push(b'"');
-                        let start = buf.len();
-                        buf.extend(std::iter::repeat_n(b'a', at));
-                        buf.extend_from_slice(special);
-                        buf.extend(std::iter::repeat_n(b'a', n - at));
-                        let got = Some(scan_string(&buf, start)).filter(|s| s.0 < buf.len());
-                        assert_eq!(got, reference(&buf, start), "{:?}", buf.escape_ascii());
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn string_scan_agrees_with_a_byte_loop_at_every_alignment() {
-        let pieces: [&[u8]; 7] = [
-            b"a",
-            b"\\\"",
-            b"\\\\",
-            b"\n",
-            b"\\\n",
-            b"xyzxyzxyzxyzxyzxyzxyzxyzxyzxyzxyzxyzx",
-            b"\"",
-        ];
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        for _ in 0..3000 {
-            let mut buf = b"\"".to_vec();
-            let len = (seed % 24) as usize;
-            for _ in 0..len {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                buf.extend_from_slice(pieces[(seed % pieces.len() as u64) as usize]);
-            }
-            let got = Some(scan_string(&buf, 1)).filter(|s| s.0 < buf.len());
-            assert_eq!(
-                got,
-                reference(&buf, 1),
-                "{:?}",
-                String::from_utf8_lossy(&buf)
-            );
-        }
     }
 }

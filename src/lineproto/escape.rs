@@ -47,68 +47,10 @@ fn for_each_piece(raw: &str, kind: TokenKind, mut emit: impl FnMut(&str) -> bool
     emit(&raw[start..])
 }
 
-/// Appends the unescaped form of `raw` to `out`.
-///
-/// JSON payloads (every fleet message) have an escape every few bytes, so copying piece by
-/// piece would pay a `memcpy` call per piece. Instead each 8-byte word is stored whole and
-/// the write position advances only past the bytes before the next backslash; every escape
-/// stands for a single byte.
+/// Appends the unescaped form of `raw` to `out`, block at a time (see `simd`).
+#[inline]
 pub(crate) fn unescape_into(raw: &str, kind: TokenKind, out: &mut String) {
-    let bytes = raw.as_bytes();
-    let mut buf = std::mem::take(out).into_bytes();
-    let base = buf.len();
-    // Room for the whole token plus the overhang of the last 8-byte store.
-    buf.resize(base + bytes.len() + 8, 0);
-    let (mut r, mut w) = (0, base);
-    loop {
-        let at = if r + 8 <= bytes.len() {
-            buf[w..w + 8].copy_from_slice(&bytes[r..r + 8]);
-            match super::scan::backslashes(super::scan::load(bytes, r)) {
-                0 => {
-                    r += 8;
-                    w += 8;
-                    continue;
-                }
-                mask => {
-                    let before = (mask.trailing_zeros() / 8) as usize;
-                    w += before;
-                    r + before
-                }
-            }
-        } else {
-            match bytes[r..].iter().position(|&b| b == b'\\') {
-                None => {
-                    let rest = bytes.len() - r;
-                    buf[w..w + rest].copy_from_slice(&bytes[r..]);
-                    w += rest;
-                    break;
-                }
-                Some(before) => {
-                    buf[w..w + before].copy_from_slice(&bytes[r..r + before]);
-                    w += before;
-                    r + before
-                }
-            }
-        };
-        // `bytes[at]` is a backslash.
-        match bytes.get(at + 1).and_then(|&next| escaped_text(kind, next)) {
-            Some(text) => {
-                buf[w] = text.as_bytes()[0];
-                r = at + 2;
-            }
-            // A literal backslash stays, and the byte after it is looked at afresh, so that
-            // `\\,` in a tag reads as a literal backslash then an escaped comma.
-            None => {
-                buf[w] = b'\\';
-                r = at + 1;
-            }
-        }
-        w += 1;
-    }
-    buf.truncate(w);
-    // Runs are copied from a `str` and cut next to ASCII backslashes, and every escape is
-    // ASCII, so this holds; checking costs one fast pass over mostly-ASCII bytes.
-    *out = String::from_utf8(buf).expect("unescaping keeps UTF-8 valid");
+    super::simd::unescape_into(raw, kind, out)
 }
 
 /// Whether the unescaped form of `raw` equals `s`.

@@ -8,14 +8,16 @@ use super::error::DecodeErrorKind;
 /// overflow are refused.
 #[inline]
 pub(crate) fn parse(raw: &[u8]) -> Result<f64, DecodeErrorKind> {
+    // Plain decimals (`12.5`, `-3`) are most values; they need no separate syntax pass.
+    if let Some(v) = parse_short_decimal(raw) {
+        return Ok(v);
+    }
     let syntax = go_syntax(raw).ok_or(DecodeErrorKind::InvalidFieldValue)?;
     let value = if syntax.hex {
         parse_hex(raw)
     } else if syntax.underscores {
         let digits: Vec<u8> = raw.iter().copied().filter(|&b| b != b'_').collect();
         parse_decimal(&digits)?
-    } else if let Some(v) = parse_short_decimal(raw) {
-        v
     } else {
         parse_decimal(raw)?
     };
@@ -218,6 +220,14 @@ fn round_to_f64(mantissa: u64, exp2: i64, sticky: bool) -> f64 {
 }
 
 /// Exact powers of ten representable in an f64.
+/// `mantissa / 10^fraction_digits`, correctly rounded when `mantissa` has at most 16
+/// digits and `fraction_digits` is at most 15 (both are then exact in an f64, so the one
+/// division rounds once).
+#[inline(always)]
+pub(crate) fn exact_decimal(mantissa: u64, fraction_digits: usize) -> f64 {
+    mantissa as f64 / POW10[fraction_digits]
+}
+
 const POW10: [f64; 16] = [
     1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
 ];
@@ -237,6 +247,9 @@ fn parse_short_decimal(raw: &[u8]) -> Option<f64> {
     let mut mantissa: u64 = 0;
     let mut frac_digits = 0usize;
     let mut seen_point = false;
+    if body.is_empty() || body == b"." {
+        return None;
+    }
     for &b in body {
         match b {
             b'0'..=b'9' => {
@@ -247,7 +260,7 @@ fn parse_short_decimal(raw: &[u8]) -> Option<f64> {
             _ => return None,
         }
     }
-    let value = mantissa as f64 / POW10[frac_digits];
+    let value = exact_decimal(mantissa, frac_digits);
     Some(if neg { -value } else { value })
 }
 

@@ -34,6 +34,7 @@ mod float;
 mod point;
 mod precision;
 mod scan;
+mod simd;
 mod table;
 mod token;
 mod value;
@@ -45,3 +46,15 @@ pub use point::{OwnedValue, Point, PointError};
 pub use precision::{Precision, PrecisionError};
 pub use token::{Token, TokenKind};
 pub use value::FieldValue;
+
+/// One unescaping implementation: appends the unescaped token to the string. Not a stable
+/// API.
+#[doc(hidden)]
+pub type UnescapeFn = fn(&str, TokenKind, &mut String);
+
+/// Every unescaping implementation this CPU can run (portable, SSE2, AVX2, NEON), by name:
+/// for differential tests and fuzzing, which compare them with each other. Not a stable API.
+#[doc(hidden)]
+pub fn unescape_implementations() -> Vec<(&'static str, UnescapeFn)> {
+    simd::unescape_implementations()
+}

@@ -1,5 +1,5 @@
-//! Finding the next special byte in string fields, where specials (`"`, `\`, newline) are
-//! dense in JSON payloads (a `\"` every few bytes) and sparse in plain text.
+//! Finding the next backslash of a token, where backslashes are dense in JSON payloads (a
+//! `\"` every few bytes) and sparse in plain text.
 //!
 //! A call to `memchr` costs a few nanoseconds of set-up, which dominates when the next match
 //! is a handful of bytes away. So the first bytes are searched eight at a time with exact
@@ -9,18 +9,6 @@ const LO7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
 const ONES: u64 = 0x0101_0101_0101_0101;
 /// How far the word-at-a-time search goes before handing over to `memchr`.
 const SWAR_SPAN: usize = 32;
-
-/// Mask of the bytes of `word` that are `"`, `\` or a newline (high bit of each).
-#[inline(always)]
-pub(crate) fn string_specials(word: u64) -> u64 {
-    eq_mask(word, b'"') | eq_mask(word, b'\\') | eq_mask(word, b'\n')
-}
-
-/// Mask of the backslashes of `word` (high bit of each).
-#[inline(always)]
-pub(crate) fn backslashes(word: u64) -> u64 {
-    eq_mask(word, b'\\')
-}
 
 /// High bit set in exactly the bytes of `word` equal to `byte` (no false positives).
 #[inline(always)]
@@ -34,26 +22,6 @@ pub(crate) fn load(bytes: &[u8], i: usize) -> u64 {
     let mut word = [0u8; 8];
     word.copy_from_slice(&bytes[i..i + 8]);
     u64::from_le_bytes(word)
-}
-
-/// The index of the first byte at or after `from` that is `a`, `b` or `c`; `None` also when
-/// `from` is past the end.
-#[inline]
-pub(crate) fn find3(bytes: &[u8], from: usize, a: u8, b: u8, c: u8) -> Option<usize> {
-    if from >= bytes.len() {
-        return None;
-    }
-    let mut i = from;
-    let swar_end = bytes.len().min(from.saturating_add(SWAR_SPAN));
-    while i + 8 <= swar_end {
-        let word = load(bytes, i);
-        let mask = eq_mask(word, a) | eq_mask(word, b) | eq_mask(word, c);
-        if mask != 0 {
-            return Some(i + (mask.trailing_zeros() / 8) as usize);
-        }
-        i += 8;
-    }
-    memchr::memchr3(a, b, c, &bytes[i..]).map(|offset| i + offset)
 }
 
 /// The index of the first `byte` at or after `from`; `None` also when `from` is past the end.
@@ -96,16 +64,6 @@ mod tests {
                     // in word arithmetic would show.
                     bytes[(lane + 1) % 8] = byte.wrapping_sub(1);
                     let word = u64::from_le_bytes(bytes);
-                    assert_eq!(
-                        string_specials(word),
-                        reference_mask(word, |b| matches!(b, b'"' | b'\\' | b'\n')),
-                        "{bytes:?}"
-                    );
-                    assert_eq!(
-                        backslashes(word),
-                        reference_mask(word, |b| b == b'\\'),
-                        "{bytes:?}"
-                    );
                     assert_eq!(eq_mask(word, byte), reference_mask(word, |b| b == byte));
                 }
             }
@@ -125,13 +83,6 @@ mod tests {
                         hay[at] = needle;
                     }
                     for from in 0..=len + 9 {
-                        let want = hay
-                            .iter()
-                            .enumerate()
-                            .skip(from)
-                            .find(|&(_, &b)| matches!(b, b'"' | b'\\' | b'\n'))
-                            .map(|(i, _)| i);
-                        assert_eq!(find3(&hay, from, b'"', b'\\', b'\n'), want);
                         let want1 = hay
                             .iter()
                             .enumerate()
@@ -149,17 +100,7 @@ mod tests {
     fn agrees_with_a_plain_search() {
         let hay: Vec<u8> = (0..300u32).map(|i| (i * 37 % 251) as u8).collect();
         for from in 0..hay.len() {
-            for (a, b, c) in [
-                (b'"', b'\\', b'\n'),
-                (0, 1, 2),
-                (0x7f, 0x80, 0xff),
-                (200, 201, 202),
-            ] {
-                let want = hay[from..]
-                    .iter()
-                    .position(|&x| x == a || x == b || x == c)
-                    .map(|p| p + from);
-                assert_eq!(find3(&hay, from, a, b, c), want);
+            for a in [b'"', b'\\', b'\n', 0, 1, 0x7f, 0x80, 0xff, 200] {
                 let want1 = hay[from..].iter().position(|&x| x == a).map(|p| p + from);
                 assert_eq!(find1(&hay, from, a), want1);
             }

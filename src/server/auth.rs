@@ -6,12 +6,15 @@
 //! `JWT_PRIVATE_KEY` the standard base64 of the 64-byte private key (seed followed by the
 //! public key).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha512};
 
 pub use super::error::AuthError;
 
@@ -125,9 +128,7 @@ impl Keypair {
 
     /// A verifier for tokens signed by this key pair.
     pub fn verifier(&self) -> Verifier {
-        Verifier {
-            key: self.signing.verifying_key(),
-        }
+        Verifier::new(self.signing.verifying_key())
     }
 
     /// Signs a token for `sub` with `roles`, issued now and expiring after `ttl` (never
@@ -156,10 +157,50 @@ impl Keypair {
     }
 }
 
+/// Tokens whose signature was verified, at most.
+const VERIFIED_CACHE_MAX: usize = 4096;
+
 /// Checks tokens against one Ed25519 public key.
-#[derive(Debug, Clone)]
+///
+/// Verifying an Ed25519 signature costs tens of microseconds, more than the rest of a
+/// registration; a fleet's agents present the same few tokens over and over. So the
+/// claims of a token whose signature verified are kept under the SHA-512 digest of the
+/// token (never the token itself), in a cache shared by the clones of a verifier and
+/// bounded to [`VERIFIED_CACHE_MAX`] entries (emptied when full). The time claims are
+/// checked on every use, so an expired token is refused from the cache too.
+#[derive(Clone)]
 pub struct Verifier {
     key: VerifyingKey,
+    verified: Arc<Mutex<HashMap<[u8; 32], Claims>>>,
+    /// [`VERIFIED_CACHE_MAX`]; smaller in tests.
+    capacity: usize,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("key", &STANDARD.encode(self.key.as_bytes()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The cache key of a token: the first half of its SHA-512 digest.
+fn token_digest(token: &str) -> [u8; 32] {
+    let digest = Sha512::digest(token.as_bytes());
+    let mut key = [0u8; 32];
+    key.copy_from_slice(&digest[..32]);
+    key
+}
+
+/// Refuses claims outside their validity window at `now`.
+fn check_times(claims: &Claims, now: f64) -> Result<(), AuthError> {
+    if claims.exp.is_some_and(|exp| now >= exp) {
+        return Err(AuthError::Expired);
+    }
+    if claims.nbf.is_some_and(|nbf| now < nbf) {
+        return Err(AuthError::NotYetValid);
+    }
+    Ok(())
 }
 
 impl Verifier {
@@ -173,11 +214,49 @@ impl Verifier {
             .try_into()
             .map_err(|_| AuthError::InvalidKey("public"))?;
         let key = VerifyingKey::from_bytes(&raw).map_err(|_| AuthError::InvalidKey("public"))?;
-        Ok(Verifier { key })
+        Ok(Verifier::new(key))
+    }
+
+    fn new(key: VerifyingKey) -> Verifier {
+        Verifier {
+            key,
+            verified: Arc::default(),
+            capacity: VERIFIED_CACHE_MAX,
+        }
+    }
+
+    fn verified(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Claims>> {
+        self.verified.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Verifies the signature and the time claims of a compact token and returns its claims.
     pub fn verify(&self, token: &str) -> Result<Claims, AuthError> {
+        let digest = token_digest(token);
+        let cached = self.verified().get(&digest).cloned();
+        let claims = match cached {
+            Some(claims) => claims,
+            None => {
+                let claims = self.verify_signature(token)?;
+                let mut verified = self.verified();
+                if verified.len() >= self.capacity {
+                    verified.clear();
+                }
+                verified.insert(digest, claims.clone());
+                claims
+            }
+        };
+        check_times(&claims, unix_now())?;
+        Ok(claims)
+    }
+
+    /// How many verified tokens the cache holds (tests check its bound).
+    #[cfg(test)]
+    fn cached(&self) -> usize {
+        self.verified().len()
+    }
+
+    /// Verifies a token's signature and decodes its claims, without the time checks.
+    fn verify_signature(&self, token: &str) -> Result<Claims, AuthError> {
         let mut parts = token.split('.');
         let (Some(header_part), Some(claims_part), Some(signature), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -206,16 +285,7 @@ impl Verifier {
         let claims_json = URL_SAFE_NO_PAD
             .decode(claims_part)
             .map_err(|_| AuthError::MalformedToken)?;
-        let claims: Claims =
-            serde_json::from_slice(&claims_json).map_err(|_| AuthError::MalformedToken)?;
-        let now = unix_now();
-        if claims.exp.is_some_and(|exp| now >= exp) {
-            return Err(AuthError::Expired);
-        }
-        if claims.nbf.is_some_and(|nbf| now < nbf) {
-            return Err(AuthError::NotYetValid);
-        }
-        Ok(claims)
+        serde_json::from_slice(&claims_json).map_err(|_| AuthError::MalformedToken)
     }
 }
 
@@ -303,6 +373,40 @@ mod tests {
 
         let expired = kp.sign_token("x", &["api"], Some(Duration::ZERO));
         assert_eq!(verifier.verify(&expired), Err(AuthError::Expired));
+    }
+
+    #[test]
+    fn a_cached_token_is_refused_once_it_expires_and_a_tampered_one_never_hits_the_cache() {
+        let kp = Keypair::generate();
+        let verifier = kp.verifier();
+        let token = kp.sign_token("x", &["api"], Some(Duration::from_secs(2)));
+        let exp = verifier.verify(&token).unwrap().exp.unwrap();
+        assert_eq!(verifier.cached(), 1);
+        // A clone shares the cache; a changed signature is another token, checked afresh.
+        let clone = verifier.clone();
+        let mut tampered = token.clone();
+        let last = tampered.pop().unwrap();
+        tampered.push(if last == 'A' { 'B' } else { 'A' });
+        assert!(clone.verify(&tampered).is_err());
+        assert_eq!(clone.cached(), 1);
+        while unix_now() < exp {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(clone.verify(&token), Err(AuthError::Expired));
+    }
+
+    #[test]
+    fn the_verified_token_cache_stays_bounded() {
+        let kp = Keypair::generate();
+        let verifier = Verifier {
+            capacity: 8,
+            ..kp.verifier()
+        };
+        for i in 0..20 {
+            let token = kp.sign_token(&format!("user{i}"), &["api"], None);
+            assert_eq!(verifier.verify(&token).unwrap().sub, format!("user{i}"));
+            assert!((1..=8).contains(&verifier.cached()));
+        }
     }
 
     #[test]

@@ -215,6 +215,17 @@ pub trait RegistryStore: Send {
     /// Every stored service.
     fn load(&mut self) -> Result<Vec<StoredService>, RegistryError>;
 
+    /// Hands every stored service to `each`, one at a time, and returns how many. The
+    /// default collects [`load`](RegistryStore::load); a store with many services can
+    /// stream them instead, so that starting a server never holds every row twice (once
+    /// as loaded, once in the index) and the memory of the rows is reused row by row.
+    fn load_each(&mut self, each: &mut dyn FnMut(StoredService)) -> Result<usize, RegistryError> {
+        let stored = self.load()?;
+        let count = stored.len();
+        stored.into_iter().for_each(each);
+        Ok(count)
+    }
+
     /// Upserts each `(registration, instance id)` on (cluster, hostname, type) with state
     /// `pending` and `registered_at = now`; the last heartbeat and acknowledged revision
     /// survive. All or nothing: the batch is one durable write (a group commit), answered
@@ -363,7 +374,9 @@ impl Registry {
 
     /// A registry over `store`, with the index loaded from it. Blocking.
     pub fn new(mut store: impl RegistryStore + 'static) -> Result<Registry, RegistryError> {
-        let index = Index::from_stored(store.load()?);
+        let mut index = Index::default();
+        store.load_each(&mut |s| index.insert(s.key, s.instance, s.service))?;
+        index.loaded();
         Ok(Registry {
             shared: Arc::new(Shared {
                 store: Mutex::new(Box::new(store)),
@@ -473,12 +486,8 @@ impl Registry {
                 let mut activated = 0;
                 for (key, at) in writes {
                     index.written(key, at);
-                    if let Some(service) = index.get_mut(key) {
-                        if service.state != State::Active {
-                            activated += 1;
-                        }
-                        service.state = State::Active;
-                        service.last_heartbeat = service.last_heartbeat.max(Some(at));
+                    if index.activated(key, at) {
+                        activated += 1;
                     }
                 }
                 Ok(activated)
@@ -531,14 +540,12 @@ impl Registry {
             return Ok(false);
         };
         self.with_store(move |shared, store| {
-            let key = match shared.index().get(instance) {
-                Some((key, s)) if s.state != State::Deregistered => key,
+            let key = match shared.index().state_of(instance) {
+                Some((key, state)) if state != State::Deregistered => key,
                 _ => return Ok(false),
             };
             shared.writes.record(store.deregister(key))?;
-            if let Some(service) = shared.index_mut().get_mut(key) {
-                service.state = State::Deregistered;
-            }
+            shared.index_mut().set_state(key, State::Deregistered);
             Ok(true)
         })
         .await
@@ -547,7 +554,7 @@ impl Registry {
     /// The service behind an instance id, from the index (no store access).
     pub fn lookup(&self, instance_id: &str) -> Option<Service> {
         let instance = parse_instance_id(instance_id)?;
-        self.index().get(instance).map(|(_, s)| s.clone())
+        self.index().get(instance).map(|(_, s)| s)
     }
 
     /// Records the config revision an instance was served.
@@ -556,13 +563,11 @@ impl Registry {
             return Ok(());
         };
         self.with_store(move |shared, store| {
-            let Some((key, _)) = shared.index().get(instance) else {
+            let Some((key, _)) = shared.index().state_of(instance) else {
                 return Ok(());
             };
             shared.writes.record(store.acknowledge(key, revision))?;
-            if let Some(service) = shared.index_mut().get_mut(key) {
-                service.config_revision = revision;
-            }
+            shared.index_mut().set_config_revision(key, revision);
             Ok(())
         })
         .await
@@ -579,9 +584,7 @@ impl Registry {
             shared.writes.record(store.mark_stale(&keys))?;
             let mut index = shared.index_mut();
             for &key in &keys {
-                if let Some(service) = index.get_mut(key) {
-                    service.state = State::Stale;
-                }
+                index.set_state(key, State::Stale);
             }
             Ok(keys.len())
         })
@@ -590,7 +593,7 @@ impl Registry {
 
     /// Every `active` service, ordered by cluster, then host name.
     pub fn active(&self) -> Vec<Service> {
-        let mut active: Vec<Service> = self.index().with_state(State::Active).cloned().collect();
+        let mut active: Vec<Service> = self.index().with_state(State::Active).collect();
         active.sort_by(|a, b| {
             (&a.cluster, &a.hostname, a.service_type.code()).cmp(&(
                 &b.cluster,
@@ -687,8 +690,7 @@ fn commit_group(shared: &Shared, store: &mut dyn RegistryStore, group: Vec<Waiti
             {
                 // A last-seen time not yet written behind is newer than the store's.
                 let last_heartbeat = index
-                    .get_mut(upserted.key)
-                    .and_then(|s| s.last_heartbeat)
+                    .last_heartbeat(upserted.key)
                     .max(upserted.last_heartbeat);
                 index.insert(
                     upserted.key,

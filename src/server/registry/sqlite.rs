@@ -21,9 +21,11 @@ use super::{
 use crate::server::error::{RegistryError, RegistryErrorKind};
 use crate::wire::{Scope, ServiceType};
 
-/// Frames after which a commit checkpoints the WAL into the database (SQLite's default,
-/// stated so the bound below can be derived from it): about 4 MiB with 4 KiB pages.
-const WAL_AUTOCHECKPOINT: i64 = 1000;
+/// The page size of new files, bytes.
+const PAGE_SIZE: i64 = 1024;
+/// Frames after which a commit checkpoints the WAL into the database: 4 MiB with 1 KiB
+/// pages, as SQLite's default of 1 000 frames gives with 4 KiB pages.
+const WAL_AUTOCHECKPOINT: i64 = 4000;
 /// The size the WAL file is truncated back to after a checkpoint. The file grows past
 /// `WAL_AUTOCHECKPOINT` frames only by the last transaction, which for a large heartbeat
 /// batch can be tens of MiB; this gives that space back once it is checkpointed.
@@ -31,6 +33,13 @@ pub const JOURNAL_SIZE_LIMIT: i64 = 16 << 20;
 /// Rows per multi-row heartbeat `UPDATE`.
 const UPDATE_CHUNK: usize = 256;
 
+/// cc-backend's `service` table, without its unique index on `instance_id`: ids are random,
+/// so every registration would insert at a random place of that index and rewrite a page
+/// of it (most of the bytes a registration wrote). The server never asks the database for
+/// an id: it loads every row at start and resolves ids in memory, where it also keeps them
+/// unique. Files created with the index keep it (it is only slower). Rows are appended in
+/// key order, and the (cluster, hostname, type) index grows at the end of each cluster
+/// when host names are sequential, as after a cluster reboot.
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS "service" (
     id INTEGER PRIMARY KEY,
@@ -44,8 +53,7 @@ CREATE TABLE IF NOT EXISTS "service" (
     last_heartbeat INTEGER,
     config_revision INTEGER NOT NULL DEFAULT 0,
     meta_data TEXT,
-    UNIQUE (cluster, hostname, service_type),
-    UNIQUE (instance_id)
+    UNIQUE (cluster, hostname, service_type)
 );
 CREATE INDEX IF NOT EXISTS services_cluster ON service (cluster);
 CREATE INDEX IF NOT EXISTS services_scope ON service (scope);
@@ -89,10 +97,16 @@ impl SqliteStore {
         let conn = match path {
             Some(path) => {
                 let conn = Connection::open(path)?;
-                // WAL lets readers of other tools coexist with our writer; NORMAL keeps
-                // commits durable across process crashes without an fsync per batch.
+                // A new file gets 1 KiB pages: a write touches rows and index entries
+                // scattered over the file (16 clusters registering at once, last-seen
+                // times of every instance), and each touched page goes to the WAL and
+                // again into the file. An existing file keeps its page size.
+                conn.pragma_update(None, "page_size", PAGE_SIZE)?;
+                // WAL lets readers of other tools coexist with our writer. FULL syncs the
+                // WAL at every commit, so an acknowledged change survives a power loss as
+                // well as a crash; group commits share that sync.
                 conn.pragma_update(None, "journal_mode", "WAL")?;
-                conn.pragma_update(None, "synchronous", "NORMAL")?;
+                conn.pragma_update(None, "synchronous", "FULL")?;
                 // Heartbeats touch every row; keep the table and its indexes in memory
                 // (the value is in KiB when negative).
                 conn.pragma_update(None, "cache_size", -65_536)?;
@@ -188,6 +202,12 @@ fn corrupt(column: &str) -> RegistryError {
 impl RegistryStore for SqliteStore {
     fn load(&mut self) -> Result<Vec<StoredService>, RegistryError> {
         let mut stored = Vec::new();
+        self.load_each(&mut |s| stored.push(s))?;
+        Ok(stored)
+    }
+
+    fn load_each(&mut self, each: &mut dyn FnMut(StoredService)) -> Result<usize, RegistryError> {
+        let mut count = 0;
         let mut stmt = self.conn.prepare(
             "SELECT id, cluster, hostname, service_type, instance_id, scope, state, \
              registered_at, last_heartbeat, config_revision, meta_data FROM service",
@@ -215,7 +235,8 @@ impl RegistryStore for SqliteStore {
                     BTreeMap::new()
                 }),
             };
-            stored.push(StoredService {
+            count += 1;
+            each(StoredService {
                 key: row.get(0)?,
                 instance,
                 service: Service {
@@ -236,7 +257,7 @@ impl RegistryStore for SqliteStore {
                 "fleet: {bad_meta} service row(s) have unparseable meta_data; ignoring it"
             );
         }
-        Ok(stored)
+        Ok(count)
     }
 
     fn register_batch(
@@ -376,6 +397,71 @@ mod tests {
             count("SELECT count(*) FROM service WHERE state = 'active' AND last_heartbeat = 200"),
             100
         );
+    }
+
+    #[test]
+    fn a_registry_file_syncs_every_commit_and_does_not_index_instance_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(Some(&dir.path().join("fleet.sqlite"))).unwrap();
+        let conn = store.connection();
+        // 2 = FULL: an acknowledged write survives a power loss, not only a crash.
+        let synchronous: i64 = conn
+            .query_row("PRAGMA synchronous", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(synchronous, 2);
+        let page_size: i64 = conn
+            .query_row("PRAGMA page_size", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(page_size, PAGE_SIZE);
+        let mut stmt = conn.prepare("PRAGMA index_list(service)").unwrap();
+        let indexes: Vec<String> = stmt
+            .query_map([], |row| row.get::<_, String>(1))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        for index in &indexes {
+            let columns: Vec<String> = conn
+                .prepare(&format!("PRAGMA index_info({index:?})"))
+                .unwrap()
+                .query_map([], |row| row.get::<_, String>(2))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            assert!(
+                !columns.contains(&"instance_id".to_owned()),
+                "{index} indexes instance ids"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_file_made_with_the_instance_id_index_still_opens_and_registers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.sqlite");
+        let old = SCHEMA.replace(
+            "UNIQUE (cluster, hostname, service_type)",
+            "UNIQUE (cluster, hostname, service_type),\n    UNIQUE (instance_id)",
+        );
+        assert_ne!(old, SCHEMA);
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(&old)
+            .unwrap();
+        let r = Registry::open(Some(&path)).unwrap();
+        let reg = Registration {
+            scope: Scope::Cluster,
+            cluster: "c".into(),
+            hostname: "h".into(),
+            service_type: ServiceType::MetricCollector,
+            meta: BTreeMap::new(),
+        };
+        let first = r.register(reg.clone()).await.unwrap();
+        let second = r.register(reg).await.unwrap();
+        assert_ne!(first.instance_id, second.instance_id);
+        drop(r);
+        let reopened = Registry::open(Some(&path)).unwrap();
+        assert!(reopened.lookup(&first.instance_id).is_none());
+        assert!(reopened.lookup(&second.instance_id).is_some());
     }
 
     #[test]
