@@ -166,7 +166,16 @@ async fn a_config_edit_reaches_the_plugin_and_metrics_arrive_on_nats() {
     })
     .await;
     let lines = wait_for_metrics(&mut metrics, "r1").await;
-    assert_eq!(lines, ["load_one", "load_five", "load_fifteen"]);
+    assert_eq!(
+        lines,
+        [
+            "load_one",
+            "load_five",
+            "load_fifteen",
+            "proc_run",
+            "proc_total"
+        ]
+    );
 
     // Heartbeats go over NATS; the roster names the backend.
     let heartbeat = tokio::time::timeout(WAIT, heartbeats.next())

@@ -204,7 +204,7 @@ fn plugin_run_grants_files_hands_over_a_roster_and_prints_line_protocol() {
         stdout.contains("load_one,hostname=node1,type=node value=0.5 "),
         "{stdout}"
     );
-    assert_eq!(stdout.lines().count(), 3, "{stdout}");
+    assert_eq!(stdout.lines().count(), 5, "{stdout}");
     // Without the grant the plugin's collect fails, and so does the command.
     let output = run(ccfleet()
         .args(["plugin", "run"])

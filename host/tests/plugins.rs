@@ -423,8 +423,10 @@ async fn a_collector_reads_only_the_files_it_is_granted() {
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
         );
         let fields: Vec<_> = line.fields().collect();
-        let LpValue::Float(value) = fields[0].1 else {
-            panic!("a float value")
+        let value = match fields[0].1 {
+            LpValue::Float(value) => value,
+            LpValue::Int(count) => count as f64,
+            ref other => panic!("a number, not {other:?}"),
         };
         seen.push((line.measurement().unescape().into_owned(), value));
     }
@@ -433,7 +435,9 @@ async fn a_collector_reads_only_the_files_it_is_granted() {
         [
             ("load_one", 0.5),
             ("load_five", 1.25),
-            ("load_fifteen", 2.0)
+            ("load_fifteen", 2.0),
+            ("proc_run", 1.0),
+            ("proc_total", 100.0)
         ]
         .map(|(m, v)| (m.to_owned(), v))
     );
@@ -448,7 +452,7 @@ async fn a_collector_reads_only_the_files_it_is_granted() {
     let granted = runtime.spawn(granted, feeds.subscribe(), sink);
     let batch = next_batch(&mut rx).await;
     assert_eq!(&*batch.plugin, "loadavg");
-    assert_eq!(batch.points, 3);
+    assert_eq!(batch.points, 5);
     let mut names = Vec::new();
     for line in Decoder::new(&batch.lines) {
         let line = line.expect("valid line protocol");
@@ -465,10 +469,22 @@ async fn a_collector_reads_only_the_files_it_is_granted() {
         let fields: Vec<_> = line.fields().collect();
         assert_eq!(fields.len(), 1);
         assert_eq!(fields[0].0.raw(), "value");
-        assert!(matches!(fields[0].1, LpValue::Float(v) if v >= 0.0));
+        assert!(
+            matches!(fields[0].1, LpValue::Float(v) if v >= 0.0)
+                || matches!(fields[0].1, LpValue::Int(n) if n >= 0)
+        );
         assert!(line.time().is_some());
     }
-    assert_eq!(names, ["load_one", "load_five", "load_fifteen"]);
+    assert_eq!(
+        names,
+        [
+            "load_one",
+            "load_five",
+            "load_fifteen",
+            "proc_run",
+            "proc_total"
+        ]
+    );
     granted.stop().await;
 }
 

@@ -60,6 +60,7 @@ pub mod bindings {
     });
 }
 
+pub use bindings::cc::fleet::files::FsStats;
 pub use bindings::cc::fleet::types::{
     ConfigUpdate, FieldValue, Instance, Level, Point, Provider, Source,
 };
@@ -128,6 +129,12 @@ pub fn read_to_string(path: &str) -> Result<String, String> {
 /// The names in a host directory that are granted or lead to granted files, sorted.
 pub fn list_dir(path: &str) -> Result<Vec<String>, String> {
     bindings::cc::fleet::files::list_dir(path)
+}
+
+/// `statvfs(3)` of the host file system holding a granted path (e.g. a mount point the
+/// configuration grants in `capabilities.read-files`). Needs an agent of WIT 0.2.1 or later.
+pub fn statvfs(path: &str) -> Result<FsStats, String> {
+    bindings::cc::fleet::files::statvfs(path)
 }
 
 /// The host's wall-clock time in Unix nanoseconds.

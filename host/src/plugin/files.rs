@@ -35,6 +35,8 @@ use std::sync::Arc;
 
 use ccfleet::untrusted::Untrusted;
 
+pub use super::bindings::cc::fleet::files::FsStats;
+
 /// The longest path a plugin may ask for, in bytes.
 pub const MAX_PATH: usize = 4096;
 
@@ -213,6 +215,8 @@ pub struct FileGrants {
 enum Kind {
     File,
     Dir,
+    /// A file or a directory named by a grant (for `statvfs`).
+    Either,
 }
 
 impl FileGrants {
@@ -292,6 +296,40 @@ impl FileGrants {
         Ok(bytes)
     }
 
+    /// `statvfs(3)` of the file system holding a granted file or directory (named by a grant
+    /// itself, as for [`FileGrants::read`]), e.g. a mount point.
+    pub fn statvfs(&self, path: &str) -> Result<FsStats, String> {
+        let names = self.check(path, Kind::Either)?;
+        let file = self.open(path, &names, Kind::Either)?;
+        let mut stats = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+        // SAFETY: the descriptor is open for the call and `stats` is writable memory of the
+        // type fstatvfs fills.
+        let rc = unsafe { libc::fstatvfs(file.as_raw_fd(), stats.as_mut_ptr()) };
+        if rc != 0 {
+            let error = std::io::Error::last_os_error();
+            return Err(format!("{}: {error}", Untrusted(path)));
+        }
+        // SAFETY: fstatvfs succeeded, so it initialized the struct.
+        let stats = unsafe { stats.assume_init() };
+        // The counts are in units of the fragment size; some file systems report 0 there.
+        // (The casts are no-ops on 64-bit targets; the fields are narrower on 32-bit ones.)
+        let block_size = if stats.f_frsize != 0 {
+            stats.f_frsize
+        } else {
+            stats.f_bsize
+        };
+        #[allow(clippy::unnecessary_cast)]
+        let result = FsStats {
+            block_size: block_size as u64,
+            blocks: stats.f_blocks as u64,
+            blocks_free: stats.f_bfree as u64,
+            blocks_available: stats.f_bavail as u64,
+            files: stats.f_files as u64,
+            files_free: stats.f_ffree as u64,
+        };
+        Ok(result)
+    }
+
     /// The names in a directory that are granted or lead to granted files, sorted.
     pub fn list(&self, path: &str) -> Result<Vec<String>, String> {
         let names = self.check(path, Kind::Dir)?;
@@ -333,7 +371,7 @@ impl FileGrants {
             return Err(format!("{}: {why}", Untrusted(path)));
         }
         let granted = self.patterns.iter().any(|p| match kind {
-            Kind::File => p.matches(&names),
+            Kind::File | Kind::Either => p.matches(&names),
             Kind::Dir => p.leads_below(&names),
         });
         if !granted {
@@ -395,6 +433,9 @@ impl FileGrants {
         match kind {
             Kind::File if !meta.is_file() => Err(fail(&"is not a regular file")),
             Kind::Dir if !meta.is_dir() => Err(fail(&"is not a directory")),
+            Kind::Either if !meta.is_dir() && !meta.is_file() => {
+                Err(fail(&"is neither a regular file nor a directory"))
+            }
             _ => Ok(file),
         }
     }

@@ -27,7 +27,10 @@ use super::sink::Batch;
 use crate::plugin::types::{Level, Point};
 
 /// The version of the `cc:fleet` WIT package (`wit/fleet.wit`) the host implements.
-pub(crate) const WIT_VERSION: &str = "0.2.0";
+///
+/// Components built against an older 0.2 version still link: wasmtime resolves their
+/// `@0.2.0` imports to these semver-compatible ones, whose functions are a superset.
+pub(crate) const WIT_VERSION: &str = "0.2.1";
 
 /// The message wasmtime gives when a host call copies more than its fuel allows.
 pub(crate) const HOSTCALL_FUEL_MESSAGE: &str = "fuel allocated for hostcalls has been exhausted";
@@ -155,6 +158,13 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
         "list-dir",
         |store: StoreContextMut<'_, HostState>, (path,): (WasmStr,)| {
             let result = with_path(&store, &path, |grants, path| grants.list(path));
+            Ok((result,))
+        },
+    )?;
+    files.func_wrap(
+        "statvfs",
+        |store: StoreContextMut<'_, HostState>, (path,): (WasmStr,)| {
+            let result = with_path(&store, &path, |grants, path| grants.statvfs(path));
             Ok((result,))
         },
     )?;

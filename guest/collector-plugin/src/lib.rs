@@ -1,0 +1,117 @@
+//! The plugin side of the collectors: [`CollectorPlugin`] runs a collector of
+//! `ccfleet-collectors` inside a ccfleet plugin, and [`export_collector!`] exports it.
+//!
+//! The plugin's `init` configuration holds cc-metric-collector's keys for the collector plus
+//! `hostname`, `cluster`, `exclude_metrics` and `meta_as_tags` (default `["unit"]`); the
+//! service configuration may add tags under `{"<collector>": {"tags": {...}}}`, applied live.
+//! Files are read through the agent's `cc:fleet/files`, which maps them under the plugin's
+//! `capabilities.files-root` when one is set (fixtures), so the collector always asks for
+//! `/proc/...` and `/sys/...`.
+#![no_std]
+#![warn(missing_docs)]
+
+extern crate alloc;
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use ccfleet_collectors::config::{FromOptions, Options, common, extra_tags};
+use ccfleet_collectors::{Collector, Files, FsStats, Runner, Sample, Value};
+use ccfleet_guest::{ConfigUpdate, FieldValue, Level, Point, emit, log};
+
+pub use ccfleet_guest;
+
+/// [`Files`] through the agent's `cc:fleet/files`.
+pub struct HostFiles;
+
+impl Files for HostFiles {
+    fn read(&mut self, path: &str) -> Result<String, String> {
+        ccfleet_guest::read_to_string(path).map_err(|e| alloc::format!("cannot read {path}: {e}"))
+    }
+
+    fn list_dir(&mut self, path: &str) -> Result<Vec<String>, String> {
+        ccfleet_guest::list_dir(path).map_err(|e| alloc::format!("cannot list {path}: {e}"))
+    }
+
+    fn statvfs(&mut self, path: &str) -> Result<FsStats, String> {
+        let s = ccfleet_guest::statvfs(path)?;
+        Ok(FsStats {
+            block_size: s.block_size,
+            blocks: s.blocks,
+            blocks_free: s.blocks_free,
+            blocks_available: s.blocks_available,
+        })
+    }
+}
+
+/// A collector as a plugin.
+pub struct CollectorPlugin<C> {
+    runner: Runner<C>,
+}
+
+/// The point of a sample at `now_ns`.
+pub fn point(sample: Sample, now_ns: i64) -> Point {
+    let value = match sample.value {
+        Value::Float(v) => FieldValue::Float(v),
+        Value::Int(v) => FieldValue::Int(v),
+    };
+    Point {
+        measurement: sample.name,
+        tags: sample.tags,
+        fields: alloc::vec![(String::from("value"), value)],
+        time_ns: Some(now_ns),
+    }
+}
+
+impl<C: Collector + FromOptions> ccfleet_guest::Plugin for CollectorPlugin<C> {
+    fn init(config: &str) -> Result<Self, String> {
+        let mut options = Options::parse(C::NAME, config)?;
+        let shared = common(&mut options)?;
+        let collector = C::from_options(&mut options)?;
+        options.finish()?;
+        let mut runner = Runner::new(shared, collector);
+        let hostname = runner.hostname(&mut HostFiles)?;
+        log!(Level::Info, "{} ready as host {hostname}", C::NAME);
+        Ok(CollectorPlugin { runner })
+    }
+
+    fn on_config(&mut self, update: ConfigUpdate) -> Result<(), String> {
+        let Some(text) = update.config else {
+            return Ok(());
+        };
+        let tags = extra_tags(C::NAME, &text)?;
+        if tags != self.runner.common.extra_tags {
+            let shown: Vec<String> = tags
+                .iter()
+                .map(|(k, v)| alloc::format!("{k}={v}"))
+                .collect();
+            log!(
+                Level::Info,
+                "config revision {}: extra tags [{}]",
+                update.revision,
+                shown.join(", ")
+            );
+            self.runner.common.extra_tags = tags;
+        }
+        Ok(())
+    }
+
+    fn collect(&mut self, now_ns: i64) -> Result<(), String> {
+        let samples = self.runner.collect(&mut HostFiles, now_ns)?;
+        if samples.is_empty() {
+            return Ok(());
+        }
+        let points: Vec<Point> = samples.into_iter().map(|s| point(s, now_ns)).collect();
+        emit(&points)
+    }
+}
+
+/// Exports a collector type of `ccfleet-collectors` as this component's plugin:
+/// `ccfleet_collector_plugin::export_collector!(ccfleet_collectors::cpustat::Cpustat);`.
+#[macro_export]
+macro_rules! export_collector {
+    ($collector:ty) => {
+        type __Exported = $crate::CollectorPlugin<$collector>;
+        $crate::ccfleet_guest::export_plugin!(__Exported);
+    };
+}

@@ -1,0 +1,269 @@
+//! Settings from JSON: a plugin's `init` text holds the shared keys of [`Common`] and the
+//! collector's own (cc-metric-collector's names). Unknown keys are refused, as
+//! cc-metric-collector refuses them, so a misspelt option is an error rather than ignored.
+
+use alloc::borrow::ToOwned;
+use alloc::collections::BTreeMap;
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+use serde_json::{Map, Value};
+
+use crate::{
+    Common, cpufreq, cpustat, diskstat, iostat, loadavg, memstat, netstat, numastats, tempstat,
+};
+
+/// A JSON object whose keys are taken one by one; [`Options::finish`] refuses the rest.
+pub struct Options {
+    collector: &'static str,
+    map: Map<String, Value>,
+}
+
+impl Options {
+    /// Parses a plugin's configuration text (an object; empty text means `{}`).
+    pub fn parse(collector: &'static str, text: &str) -> Result<Options, String> {
+        let text = if text.trim().is_empty() { "{}" } else { text };
+        match serde_json::from_str(text) {
+            Ok(Value::Object(map)) => Ok(Options { collector, map }),
+            Ok(_) => Err(format!(
+                "{collector}: the configuration must be a JSON object"
+            )),
+            Err(e) => Err(format!("{collector}: the configuration is not JSON: {e}")),
+        }
+    }
+
+    fn wrong(&self, key: &str, what: &str) -> String {
+        format!("{}: `{key}` must be {what}", self.collector)
+    }
+
+    /// A string.
+    pub fn string(&mut self, key: &str) -> Result<Option<String>, String> {
+        match self.map.remove(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(self.wrong(key, "a string")),
+        }
+    }
+
+    /// A boolean, `default` when absent.
+    pub fn bool(&mut self, key: &str, default: bool) -> Result<bool, String> {
+        match self.map.remove(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::Bool(b)) => Ok(b),
+            Some(_) => Err(self.wrong(key, "true or false")),
+        }
+    }
+
+    fn list(&self, key: &str, value: Value) -> Result<Vec<String>, String> {
+        let Value::Array(items) = value else {
+            return Err(self.wrong(key, "a list of strings"));
+        };
+        items
+            .into_iter()
+            .map(|item| match item {
+                Value::String(s) => Ok(s),
+                _ => Err(self.wrong(key, "a list of strings")),
+            })
+            .collect()
+    }
+
+    /// A list of strings.
+    pub fn strings(&mut self, key: &str) -> Result<Option<Vec<String>>, String> {
+        match self.map.remove(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => self.list(key, value).map(Some),
+        }
+    }
+
+    /// An object of lists of strings.
+    pub fn lists(&mut self, key: &str) -> Result<BTreeMap<String, Vec<String>>, String> {
+        match self.map.remove(key) {
+            None | Some(Value::Null) => Ok(BTreeMap::new()),
+            Some(Value::Object(map)) => map
+                .into_iter()
+                .map(|(k, v)| Ok((k, self.list(key, v)?)))
+                .collect(),
+            Some(_) => Err(self.wrong(key, "an object of lists of strings")),
+        }
+    }
+
+    /// An object of objects of strings.
+    pub fn tables(
+        &mut self,
+        key: &str,
+    ) -> Result<BTreeMap<String, BTreeMap<String, String>>, String> {
+        let bad = self.wrong(key, "an object of objects of strings");
+        let bad = || bad.clone();
+        match self.map.remove(key) {
+            None | Some(Value::Null) => Ok(BTreeMap::new()),
+            Some(Value::Object(map)) => {
+                let mut out = BTreeMap::new();
+                for (name, inner) in map {
+                    let Value::Object(inner) = inner else {
+                        return Err(bad());
+                    };
+                    let mut table = BTreeMap::new();
+                    for (k, v) in inner {
+                        let Value::String(v) = v else {
+                            return Err(bad());
+                        };
+                        table.insert(k, v);
+                    }
+                    out.insert(name, table);
+                }
+                Ok(out)
+            }
+            Some(_) => Err(bad()),
+        }
+    }
+
+    /// Refuses the keys nobody took.
+    pub fn finish(self) -> Result<(), String> {
+        match self.map.keys().next() {
+            None => Ok(()),
+            Some(key) => Err(format!(
+                "{}: unknown configuration key `{key}`",
+                self.collector
+            )),
+        }
+    }
+}
+
+/// The shared keys: `hostname`, `cluster`, `exclude_metrics`, `meta_as_tags`.
+pub fn common(options: &mut Options) -> Result<Common, String> {
+    let defaults = Common::default();
+    Ok(Common {
+        hostname: options.string("hostname")?,
+        cluster: options.string("cluster")?,
+        exclude_metrics: options.strings("exclude_metrics")?.unwrap_or_default(),
+        meta_as_tags: options
+            .strings("meta_as_tags")?
+            .unwrap_or(defaults.meta_as_tags),
+        extra_tags: Vec::new(),
+    })
+}
+
+/// A collector built from its own keys.
+pub trait FromOptions: Sized {
+    /// The collector's name, as its section of cc-metric-collector's configuration is called.
+    const NAME: &'static str;
+
+    /// Takes the collector's keys from `options`.
+    fn from_options(options: &mut Options) -> Result<Self, String>;
+}
+
+impl FromOptions for cpustat::Cpustat {
+    const NAME: &'static str = "cpustat";
+
+    fn from_options(_: &mut Options) -> Result<Self, String> {
+        Ok(cpustat::Cpustat::new())
+    }
+}
+
+impl FromOptions for loadavg::Loadavg {
+    const NAME: &'static str = "loadavg";
+
+    fn from_options(_: &mut Options) -> Result<Self, String> {
+        Ok(loadavg::Loadavg)
+    }
+}
+
+impl FromOptions for cpufreq::Cpufreq {
+    const NAME: &'static str = "cpufreq";
+
+    fn from_options(_: &mut Options) -> Result<Self, String> {
+        Ok(cpufreq::Cpufreq)
+    }
+}
+
+impl FromOptions for memstat::Memstat {
+    const NAME: &'static str = "memstat";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        let d = memstat::Config::default();
+        Ok(memstat::Memstat::new(memstat::Config {
+            node_stats: o.bool("node_stats", d.node_stats)?,
+            numa_stats: o.bool("numa_stats", d.numa_stats)?,
+        }))
+    }
+}
+
+impl FromOptions for netstat::Netstat {
+    const NAME: &'static str = "netstat";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        let d = netstat::Config::default();
+        Ok(netstat::Netstat::new(netstat::Config {
+            include_devices: o.strings("include_devices")?.unwrap_or_default(),
+            exclude_devices: o.strings("exclude_devices")?.unwrap_or(d.exclude_devices),
+            send_abs_values: o.bool("send_abs_values", d.send_abs_values)?,
+            send_derived_values: o.bool("send_derived_values", d.send_derived_values)?,
+            interface_aliases: o.lists("interface_aliases")?,
+        }))
+    }
+}
+
+impl FromOptions for iostat::Iostat {
+    const NAME: &'static str = "iostat";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        Ok(iostat::Iostat::new(iostat::Config {
+            exclude_devices: o.strings("exclude_devices")?.unwrap_or_default(),
+        }))
+    }
+}
+
+impl FromOptions for diskstat::Diskstat {
+    const NAME: &'static str = "diskstat";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        let d = diskstat::Config::default();
+        Ok(diskstat::Diskstat::new(diskstat::Config {
+            mount_points: o.strings("mount_points")?.unwrap_or(d.mount_points),
+            exclude_mounts: o.strings("exclude_mounts")?.unwrap_or_default(),
+        }))
+    }
+}
+
+impl FromOptions for numastats::Numastats {
+    const NAME: &'static str = "numastats";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        let d = numastats::Config::default();
+        Ok(numastats::Numastats::new(numastats::Config {
+            send_abs_values: o.bool("send_abs_values", d.send_abs_values)?,
+            send_derived_values: o.bool("send_derived_values", d.send_derived_values)?,
+        }))
+    }
+}
+
+impl FromOptions for tempstat::Tempstat {
+    const NAME: &'static str = "tempstat";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        Ok(tempstat::Tempstat::new(tempstat::Config {
+            tag_override: o.tables("tag_override")?,
+            report_max_temperature: o.bool("report_max_temperature", false)?,
+            report_critical_temperature: o.bool("report_critical_temperature", false)?,
+        }))
+    }
+}
+
+/// The extra tags a service configuration gives a collector: `{"<collector>": {"tags":
+/// {...}}}`; non-string values are written as JSON.
+pub fn extra_tags(collector: &str, service_config: &str) -> Result<Vec<(String, String)>, String> {
+    let config: Value = serde_json::from_str(service_config)
+        .map_err(|e| format!("{collector}: the service configuration is not JSON: {e}"))?;
+    let mut tags = Vec::new();
+    if let Some(Value::Object(extra)) = config.get(collector).and_then(|c| c.get("tags")) {
+        for (key, value) in extra {
+            let value = match value {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            tags.push((key.to_owned(), value));
+        }
+    }
+    Ok(tags)
+}

@@ -1,0 +1,333 @@
+//! Collector cost: one `collect` call of each collector plugin through the plugin host
+//! (component, `cc:fleet/files`, emit into a sink channel) against the same collector code
+//! run natively on the same fixture, once reading with `std::fs` and once through the host's
+//! own file checks (`FileGrants`, what the component's reads go through).
+//!
+//! Run with `cargo bench -p ccfleet-host --bench collectors`; the plugins are built from
+//! guest/ first, as in the tests. The fixtures are those of `tests/collectors.rs`; for the
+//! collectors that report deltas, the round's file is swapped between calls (outside the
+//! measurement) so every call sees counters that moved.
+
+#[path = "../tests/support/guests.rs"]
+mod guests;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ccfleet_collectors::{
+    Collector, Common, Files, FsStats, Runner, cpufreq, cpustat, diskstat, iostat, loadavg,
+    memstat, netstat, numastats, tempstat,
+};
+use ccfleet_host::plugin::Instance;
+use ccfleet_host::plugin::files::FileGrants;
+use ccfleet_host::sink::{self, BatchReceiver};
+use ccfleet_host::{PluginSpec, Runtime, RuntimeOptions};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use serde_json::json;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/collectors")
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// Natively, straight from a directory.
+struct DirFiles(PathBuf);
+
+impl DirFiles {
+    fn path(&self, path: &str) -> PathBuf {
+        self.0.join(path.trim_start_matches('/'))
+    }
+}
+
+fn statvfs_of(path: &Path) -> Result<FsStats, String> {
+    let c = std::ffi::CString::new(path.to_str().ok_or("not UTF-8")?).map_err(|e| e.to_string())?;
+    let mut s = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: a valid C string and writable memory of the type statvfs fills.
+    if unsafe { libc::statvfs(c.as_ptr(), s.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    // SAFETY: statvfs succeeded.
+    let s = unsafe { s.assume_init() };
+    Ok(FsStats {
+        block_size: if s.f_frsize != 0 {
+            s.f_frsize
+        } else {
+            s.f_bsize
+        },
+        blocks: s.f_blocks,
+        blocks_free: s.f_bfree,
+        blocks_available: s.f_bavail,
+    })
+}
+
+impl Files for DirFiles {
+    fn read(&mut self, path: &str) -> Result<String, String> {
+        std::fs::read_to_string(self.path(path)).map_err(|e| e.to_string())
+    }
+    fn list_dir(&mut self, path: &str) -> Result<Vec<String>, String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.path(path))
+            .map_err(|e| e.to_string())?
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+    fn statvfs(&mut self, path: &str) -> Result<FsStats, String> {
+        statvfs_of(&self.path(path))
+    }
+}
+
+/// Natively, through the checks the host applies to a plugin's reads.
+struct GrantedFiles(FileGrants);
+
+impl Files for GrantedFiles {
+    fn read(&mut self, path: &str) -> Result<String, String> {
+        String::from_utf8(self.0.read(path)?).map_err(|e| e.to_string())
+    }
+    fn list_dir(&mut self, path: &str) -> Result<Vec<String>, String> {
+        self.0.list(path)
+    }
+    fn statvfs(&mut self, path: &str) -> Result<FsStats, String> {
+        let s = self.0.statvfs(path)?;
+        Ok(FsStats {
+            block_size: s.block_size,
+            blocks: s.blocks,
+            blocks_free: s.blocks_free,
+            blocks_available: s.blocks_available,
+        })
+    }
+}
+
+/// One collector's bench set-up.
+struct Case {
+    name: &'static str,
+    config: serde_json::Value,
+    grants: &'static [&'static str],
+    /// The file swapped between rounds, for collectors reporting deltas.
+    swapped: Option<&'static str>,
+    native: fn() -> Box<dyn Collector>,
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "cpustat",
+            config: json!({}),
+            grants: &["/proc/stat"],
+            swapped: Some("proc/stat"),
+            native: || Box::new(cpustat::Cpustat::new()),
+        },
+        Case {
+            name: "memstat",
+            config: json!({"numa_stats": true}),
+            grants: &["/proc/meminfo", "/sys/devices/system/node/node*/meminfo"],
+            swapped: None,
+            native: || {
+                Box::new(memstat::Memstat::new(memstat::Config {
+                    numa_stats: true,
+                    ..Default::default()
+                }))
+            },
+        },
+        Case {
+            name: "loadavg",
+            config: json!({}),
+            grants: &["/proc/loadavg"],
+            swapped: None,
+            native: || Box::new(loadavg::Loadavg),
+        },
+        Case {
+            name: "netstat",
+            config: json!({}),
+            grants: &["/proc/net/dev"],
+            swapped: Some("proc/net/dev"),
+            native: || Box::new(netstat::Netstat::new(Default::default())),
+        },
+        Case {
+            name: "iostat",
+            config: json!({}),
+            grants: &["/proc/diskstats"],
+            swapped: Some("proc/diskstats"),
+            native: || Box::new(iostat::Iostat::new(Default::default())),
+        },
+        Case {
+            name: "diskstat",
+            config: json!({}),
+            grants: &["/"],
+            swapped: None,
+            native: || Box::new(diskstat::Diskstat::new(Default::default())),
+        },
+        Case {
+            name: "numastats",
+            config: json!({}),
+            grants: &["/sys/devices/system/node/node*/numastat"],
+            swapped: Some("sys/devices/system/node/node0/numastat"),
+            native: || Box::new(numastats::Numastats::new(Default::default())),
+        },
+        Case {
+            name: "cpufreq",
+            config: json!({}),
+            grants: &[
+                "/sys/devices/system/cpu/cpu*/cpufreq/scaling_cur_freq",
+                "/sys/devices/system/cpu/cpu*/topology/physical_package_id",
+            ],
+            swapped: None,
+            native: || Box::new(cpufreq::Cpufreq),
+        },
+        Case {
+            name: "tempstat",
+            config: json!({}),
+            grants: &["/sys/class/hwmon/**"],
+            swapped: None,
+            native: || Box::new(tempstat::Tempstat::new(Default::default())),
+        },
+    ]
+}
+
+/// Dispatch through a box, as the plugin's code is reached through its export.
+struct Boxed(Box<dyn Collector>);
+
+impl Collector for Boxed {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn collect(
+        &mut self,
+        files: &mut dyn Files,
+        now_ns: i64,
+        out: &mut Vec<ccfleet_collectors::Sample>,
+    ) -> Result<(), String> {
+        self.0.collect(files, now_ns, out)
+    }
+}
+
+/// Alternates a file between the two recorded rounds.
+struct Swapper {
+    root: PathBuf,
+    file: Option<&'static str>,
+    round: u8,
+}
+
+impl Swapper {
+    fn next(&mut self) {
+        if let Some(file) = self.file {
+            self.round = 3 - self.round;
+            let from = fixtures().join(format!("round{}", self.round)).join(file);
+            std::fs::copy(from, self.root.join(file)).unwrap();
+        }
+    }
+}
+
+fn drain(rx: &mut BatchReceiver) -> usize {
+    let mut points = 0;
+    while let Ok(batch) = rx.try_recv() {
+        points += batch.points;
+    }
+    points
+}
+
+fn bench_collectors(c: &mut Criterion) {
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let runtime = Runtime::new(RuntimeOptions {
+        cache_dir: None,
+        ..RuntimeOptions::default()
+    })
+    .unwrap();
+    let mut group = c.benchmark_group("collect");
+    group.sample_size(30);
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(3));
+    for case in cases() {
+        let root = tempfile::tempdir().unwrap();
+        copy_tree(&fixtures().join("round1"), root.path());
+        let common = Common {
+            hostname: Some("bench".to_owned()),
+            ..Common::default()
+        };
+
+        let mut spec = PluginSpec::new(guests::component(case.name));
+        let mut config = case.config.clone();
+        config["hostname"] = json!("bench");
+        spec.config = config;
+        spec.capabilities.read_files = case.grants.iter().map(|g| (*g).to_owned()).collect();
+        spec.capabilities.files_root = Some(root.path().to_path_buf());
+        let loaded = runtime.load_blocking(&spec).unwrap();
+        let (sink, mut rx) = sink::channel(1024);
+        let mut instance: Instance = tokio
+            .block_on(loaded.instantiate(&runtime, &spec, sink))
+            .unwrap();
+        let mut swap = Swapper {
+            root: root.path().to_path_buf(),
+            file: case.swapped,
+            round: 1,
+        };
+        let mut now = 1_700_000_000_000_000_000i64;
+        // Two rounds first, so rates exist; every call must emit.
+        for _ in 0..2 {
+            swap.next();
+            now += 10_000_000_000;
+            assert_eq!(tokio.block_on(instance.collect(now)), Ok(Ok(())));
+        }
+        let emitted = drain(&mut rx);
+        assert!(emitted > 0, "{} emits", case.name);
+        group.bench_function(format!("{}/component", case.name), |b| {
+            b.iter_batched(
+                || swap.next(),
+                |()| {
+                    now += 10_000_000_000;
+                    let outcome = tokio.block_on(instance.collect(now));
+                    drain(&mut rx);
+                    outcome
+                },
+                BatchSize::PerIteration,
+            )
+        });
+
+        let mut native = Runner::new(common.clone(), Boxed((case.native)()));
+        let mut files = DirFiles(root.path().to_path_buf());
+        group.bench_function(format!("{}/native", case.name), |b| {
+            b.iter_batched(
+                || swap.next(),
+                |()| {
+                    now += 10_000_000_000;
+                    native.collect(&mut files, now).unwrap()
+                },
+                BatchSize::PerIteration,
+            )
+        });
+
+        let mut checked = Runner::new(common, Boxed((case.native)()));
+        let patterns: Vec<String> = case.grants.iter().map(|g| (*g).to_owned()).collect();
+        let mut granted =
+            GrantedFiles(FileGrants::new(&patterns, Some(root.path()), 4 << 20).unwrap());
+        group.bench_function(format!("{}/native-checked-files", case.name), |b| {
+            b.iter_batched(
+                || swap.next(),
+                |()| {
+                    now += 10_000_000_000;
+                    checked.collect(&mut granted, now).unwrap()
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_collectors);
+criterion_main!(benches);
