@@ -22,8 +22,9 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio::sync::broadcast;
 
-/// The plugins the demo's agent runs from its own configuration.
-const PLUGINS: [&str; 2] = ["roster-logger", "loadavg"];
+/// The plugins the demo's agent runs from its own configuration: a roster reader and three
+/// of the node collectors.
+const PLUGINS: [&str; 4] = ["roster-logger", "loadavg", "cpustat", "memstat"];
 /// The fleet plugin `collector`: the version the fleet names first, and the one rolled out.
 const ROLLOUT: [&str; 2] = ["hello", "loadavg"];
 /// The fleet plugin's name.
@@ -389,6 +390,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 "collect-interval": "1s",
                 "limits": {"memory-mb": 32, "call-timeout": "500ms"},
                 "capabilities": {"read-files": ["/proc/loadavg"]}
+            },
+            {
+                "path": plugins.join("cpustat.wasm"),
+                "config": {"cluster": CLUSTER, "hostname": HOSTNAME},
+                "collect-interval": "1s",
+                "capabilities": {"read-files": ["/proc/stat"]}
+            },
+            {
+                "path": plugins.join("memstat.wasm"),
+                "config": {"cluster": CLUSTER, "hostname": HOSTNAME},
+                "collect-interval": "1s",
+                "capabilities": {"read-files": ["/proc/meminfo"]}
             }
         ]
     });
@@ -610,8 +623,14 @@ async fn step(
                 story.rack_r2_seen = true;
             }
             if story.metric_messages <= 2 || (story.rack_r2_seen && story.metric_messages.is_multiple_of(3)) {
-                for line in text.lines() {
+                // A collector's batch can hold a line per hardware thread: a few stand for it.
+                const SHOWN: usize = 4;
+                for line in text.lines().take(SHOWN) {
                     say.say("nats metrics", format!("{METRIC_SUBJECT}: {line}"));
+                }
+                let more = text.lines().count().saturating_sub(SHOWN);
+                if more > 0 {
+                    say.say("nats metrics", format!("(and {more} more lines)"));
                 }
             }
             true
