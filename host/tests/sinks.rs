@@ -40,8 +40,10 @@ async fn fleet_server(dir: &Path) -> RunningServer {
 
 /// An agent running `loadavg` on a recorded `/proc/loadavg` every 20 ms, writing to `sinks`.
 async fn agent(server: &RunningServer, dir: &Path, sinks: Json) -> RunningAgent {
-    let loadavg = dir.join("loadavg");
-    std::fs::write(&loadavg, LOADAVG).unwrap();
+    // The collector reads a recorded /proc/loadavg from a directory of fixtures.
+    let fixtures = dir.join("fixtures");
+    std::fs::create_dir_all(fixtures.join("proc")).unwrap();
+    std::fs::write(fixtures.join("proc").join("loadavg"), LOADAVG).unwrap();
     let jwt = dir.join("ccms.jwt");
     std::fs::write(&jwt, format!("{JWT}\n")).unwrap();
     let config = json!({
@@ -53,9 +55,11 @@ async fn agent(server: &RunningServer, dir: &Path, sinks: Json) -> RunningAgent 
         "sinks": sinks,
         "plugins": [{
             "path": guests::component("loadavg"),
-            "config": {"cluster": "fritz", "hostname": "node01", "path": loadavg},
+            // The three load averages only, so that every round is three points.
+            "config": {"cluster": "fritz", "hostname": "node01",
+                       "exclude_metrics": ["proc_run", "proc_total"]},
             "collect-interval": "20ms",
-            "capabilities": {"read-files": [loadavg]}
+            "capabilities": {"read-files": ["/proc/loadavg"], "files-root": fixtures}
         }]
     });
     let config = AgentConfig::from_json(&config.to_string(), dir).unwrap();
