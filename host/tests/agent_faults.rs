@@ -8,6 +8,8 @@
 mod agent_process;
 #[path = "support/fault_proxy.rs"]
 mod fault_proxy;
+#[path = "support/fleet_server.rs"]
+mod fleet_server;
 #[path = "support/guests.rs"]
 mod guests;
 #[path = "../../tests/support/nats.rs"]
@@ -17,33 +19,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agent_process::AgentProcess;
+use ccfleet::server::RunningServer;
 use ccfleet::server::registry::State;
-use ccfleet::server::{RunningServer, ServerConfig};
 use ccfleet_host::agent::{Agent, AgentConfig};
 use fault_proxy::{FaultProxy, Mode};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// The project's fleet server without authentication, with a config tree for ccmc.
-async fn fleet_server(dir: &Path) -> RunningServer {
-    let tree = dir.join("tree");
-    std::fs::create_dir_all(tree.join("ccmc")).unwrap();
-    std::fs::write(
-        tree.join("ccmc").join("defaults.json"),
-        json!({"interval": "10s"}).to_string(),
-    )
-    .unwrap();
-    let config = json!({
-        "addr": "127.0.0.1:0",
-        "db": dir.join("fleet.db"),
-        "disable-authentication": true,
-        "fleet": {"config-dir": tree, "config-reload-interval": "1h"}
-    });
-    ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
-        .await
-        .expect("fleet server")
-}
 
 /// An agent configuration for ccmc on fritz/node01 against `url`, heartbeating every 200 ms.
 fn agent_config(url: &str, dir: &Path) -> Value {
@@ -74,7 +56,7 @@ fn live_instances(server: &RunningServer) -> u64 {
 async fn sigterm_while_nats_is_down_ends_the_agent_within_the_shutdown_bound() {
     let mut nats = nats::NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let server = fleet_server(dir.path()).await;
+    let server = fleet_server::start(dir.path()).await;
     let mut config = agent_config(&server.base_url(), dir.path());
     config["nats"] = json!({"address": nats.url()});
     config["metrics"] = json!({"type": "nats", "subject": "cc.metric.fritz"});
@@ -109,7 +91,7 @@ async fn sigterm_while_nats_is_down_ends_the_agent_within_the_shutdown_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_sigterm_ends_a_stalled_shutdown_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let server = fleet_server(dir.path()).await;
+    let server = fleet_server::start(dir.path()).await;
     let proxy = FaultProxy::start(server.local_addr(), Mode::Forward).await;
     let config = agent_config(&proxy.url(), dir.path());
 
@@ -152,7 +134,7 @@ async fn a_second_sigterm_ends_a_stalled_shutdown_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_503_at_start_runs_the_agent_from_its_cache_until_the_fleet_recovers() {
     let dir = tempfile::tempdir().unwrap();
-    let server = fleet_server(dir.path()).await;
+    let server = fleet_server::start(dir.path()).await;
     let proxy = FaultProxy::start(server.local_addr(), Mode::Forward).await;
     let config = AgentConfig::from_json(
         &agent_config(&proxy.url(), dir.path()).to_string(),
@@ -202,7 +184,7 @@ async fn an_unreachable_nats_is_reported_once_per_outage_without_credentials() {
     // Nothing listens on its port until the restart below.
     nats.kill();
     let dir = tempfile::tempdir().unwrap();
-    let server = fleet_server(dir.path()).await;
+    let server = fleet_server::start(dir.path()).await;
     let mut config = agent_config(&server.base_url(), dir.path());
     let address = format!("127.0.0.1:{}", nats.port());
     config["nats"] = json!({"address": format!("nats://ccagent:hunter2@{address}")});

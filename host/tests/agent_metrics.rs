@@ -4,6 +4,8 @@
 //! names what is down; neither shows a secret. Real peers: the project's fleet server, a real
 //! nats-server and the guest plugins built from source.
 
+#[path = "support/fleet_server.rs"]
+mod fleet_server;
 #[path = "support/guests.rs"]
 mod guests;
 #[path = "../../tests/support/nats.rs"]
@@ -14,7 +16,6 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use ccfleet::server::{RunningServer, ServerConfig};
 use ccfleet_host::agent::{Agent, AgentConfig, RunningAgent};
 use prometheus_parse::{LineInfo, Scrape, Value};
 use serde_json::{Value as Json, json};
@@ -22,25 +23,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "fleet-token-s3cr3t";
-
-async fn fleet_server(dir: &Path) -> RunningServer {
-    let tree = dir.join("tree");
-    std::fs::create_dir_all(tree.join("ccmc")).unwrap();
-    std::fs::write(
-        tree.join("ccmc").join("defaults.json"),
-        json!({"interval": "10s"}).to_string(),
-    )
-    .unwrap();
-    let config = json!({
-        "addr": "127.0.0.1:0",
-        "db": dir.join("fleet.db"),
-        "disable-authentication": true,
-        "fleet": {"config-dir": tree, "config-reload-interval": "1h"}
-    });
-    ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
-        .await
-        .expect("fleet server")
-}
 
 fn agent_config(url: &str, dir: &Path, plugins: Json) -> Json {
     json!({
@@ -181,7 +163,7 @@ async fn scrape_until(addr: SocketAddr, what: &str, ready: impl Fn(&Scrape) -> b
 async fn metrics_count_calls_points_restarts_and_quarantines_and_healthz_names_what_is_down() {
     let mut nats = nats::NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let server = fleet_server(dir.path()).await;
+    let server = fleet_server::start(dir.path()).await;
     let plugins = json!([
         loadavg(),
         {
@@ -377,7 +359,7 @@ async fn metrics_count_calls_points_restarts_and_quarantines_and_healthz_names_w
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_is_ok_while_every_part_is_up_and_the_listener_stops_with_the_agent() {
     let dir = tempfile::tempdir().unwrap();
-    let server = fleet_server(dir.path()).await;
+    let server = fleet_server::start(dir.path()).await;
     let config = agent_config(&server.base_url(), dir.path(), json!([loadavg()]));
     let agent = start(&config, dir.path()).await;
     let addr = agent.metrics_addr().expect("a metrics listener");
