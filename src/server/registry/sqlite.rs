@@ -1,4 +1,5 @@
-//! The SQLite backend: cc-backend's `service` table.
+//! The SQLite backend: cc-backend's `service` table, and last-seen times written behind in
+//! a narrow table of their own (`ccfleet_last_seen`).
 //!
 //! Every method is one explicit transaction that takes the write lock at once; its
 //! statements are stepped to completion and the commit is checked, so an error, including
@@ -64,6 +65,36 @@ CREATE TABLE IF NOT EXISTS ccfleet_health (
 );
 "#;
 
+/// Last-seen times written behind, apart from the wide `service` rows: a flush rewrites only
+/// these narrow rows (about 13 bytes each, some 75 to a 1 KiB page, in key order), where
+/// updating `service.last_heartbeat` rewrote each service's row and moved its entry in the
+/// (state, last_heartbeat) index. `service.last_heartbeat` is still written by every state
+/// change (a heartbeat that activates); the last-seen time of a service is the later of the
+/// two. A service row deleted by another tool takes its last-seen row with it, so a reused
+/// row id never inherits a time.
+const LAST_SEEN_SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS ccfleet_last_seen (
+    id INTEGER PRIMARY KEY,
+    last_seen INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS ccfleet_last_seen_gone AFTER DELETE ON service
+BEGIN
+    DELETE FROM ccfleet_last_seen WHERE id = old.id;
+END;
+"#;
+
+/// Writes one last-seen time, only for a service row that exists (so that a count of 0
+/// shows the index and the database disagree).
+const LAST_SEEN_UPSERT: &str = "INSERT INTO ccfleet_last_seen (id, last_seen) \
+     SELECT id, ?2 FROM service WHERE id = ?1 \
+     ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen";
+
+/// Creates the last-seen table in a file that lacks it (every file made before it existed).
+fn create_last_seen_table(conn: &Connection) -> Result<(), RegistryError> {
+    conn.execute_batch(LAST_SEEN_SCHEMA)?;
+    Ok(())
+}
+
 impl From<rusqlite::Error> for RegistryError {
     fn from(e: rusqlite::Error) -> RegistryError {
         let kind = match e.sqlite_error_code() {
@@ -118,6 +149,7 @@ impl SqliteStore {
         };
         conn.busy_timeout(Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        create_last_seen_table(&conn)?;
         Ok(SqliteStore { conn })
     }
 
@@ -209,8 +241,9 @@ impl RegistryStore for SqliteStore {
     fn load_each(&mut self, each: &mut dyn FnMut(StoredService)) -> Result<usize, RegistryError> {
         let mut count = 0;
         let mut stmt = self.conn.prepare(
-            "SELECT id, cluster, hostname, service_type, instance_id, scope, state, \
-             registered_at, last_heartbeat, config_revision, meta_data FROM service",
+            "SELECT s.id, cluster, hostname, service_type, instance_id, scope, state, \
+             registered_at, last_heartbeat, config_revision, meta_data, l.last_seen \
+             FROM service s LEFT JOIN ccfleet_last_seen l ON l.id = s.id",
         )?;
         let mut rows = stmt.query([])?;
         let mut bad_meta = 0usize;
@@ -246,7 +279,8 @@ impl RegistryStore for SqliteStore {
                     service_type,
                     state,
                     registered_at: row.get(7)?,
-                    last_heartbeat: row.get(8)?,
+                    // The later of the state change's time and the written-behind one.
+                    last_heartbeat: row.get::<_, Option<i64>>(8)?.max(row.get(11)?),
                     config_revision: row.get(9)?,
                     meta: Arc::new(meta),
                 },
@@ -313,7 +347,16 @@ impl RegistryStore for SqliteStore {
     }
 
     fn last_seen(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError> {
-        self.set_times(writes, "last_heartbeat = ?1")
+        // In key order, the rows of the narrow table are visited page after page.
+        let mut writes = writes.to_vec();
+        writes.sort_unstable();
+        self.write(|tx| {
+            let mut stmt = tx.prepare_cached(LAST_SEEN_UPSERT)?;
+            for (key, at) in writes {
+                expect_changed(stmt.execute(params![key, at])?, 1)?;
+            }
+            Ok(())
+        })
     }
 
     fn deregister(&mut self, key: i64) -> Result<(), RegistryError> {
@@ -462,6 +505,121 @@ mod tests {
         let reopened = Registry::open(Some(&path)).unwrap();
         assert!(reopened.lookup(&first.instance_id).is_none());
         assert!(reopened.lookup(&second.instance_id).is_some());
+    }
+
+    fn registration(n: usize) -> Registration {
+        Registration {
+            scope: Scope::Cluster,
+            cluster: format!("c{}", n % 16),
+            hostname: format!("h{n:05}"),
+            service_type: ServiceType::MetricCollector,
+            meta: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_flush_of_last_seen_times_writes_a_few_bytes_per_instance() {
+        const N: usize = 4000;
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(Some(&dir.path().join("fleet.sqlite"))).unwrap();
+        let mut keys = Vec::with_capacity(N);
+        for wave in 0..N / 1000 {
+            let batch: Vec<(Registration, String)> = (wave * 1000..(wave + 1) * 1000)
+                .map(|n| {
+                    (
+                        registration(n),
+                        super::super::format_instance_id(n as u128 + 1),
+                    )
+                })
+                .collect();
+            keys.extend(
+                store
+                    .register_batch(&batch, 50)
+                    .unwrap()
+                    .iter()
+                    .map(|u| u.key),
+            );
+        }
+        let at = |t: i64| keys.iter().map(|&k| (k, t)).collect::<Vec<_>>();
+        store.heartbeats(&at(100)).unwrap();
+        store.last_seen(&at(110)).unwrap();
+        let frames = |store: &SqliteStore, mode: &str| -> i64 {
+            store
+                .connection()
+                .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
+                    row.get(1)
+                })
+                .unwrap()
+        };
+        frames(&store, "TRUNCATE");
+        // The steady state: every instance's time moves on once per flush.
+        store.last_seen(&at(120)).unwrap();
+        let wal_bytes = frames(&store, "PASSIVE") * (PAGE_SIZE + 24);
+        let per_instance = wal_bytes / N as i64;
+        // About 13 bytes of narrow row each (written again at the checkpoint); rewriting
+        // the wide rows and their (state, last_heartbeat) index entries took ten times that.
+        assert!(per_instance <= 24, "{per_instance} WAL bytes per instance");
+        let conn = store.connection();
+        let stored: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM ccfleet_last_seen WHERE last_seen = 120",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(stored, N as i64);
+    }
+
+    #[tokio::test]
+    async fn a_file_made_before_the_last_seen_table_opens_with_its_times_and_flushes_into_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.sqlite");
+        let id = "3f1c9a2b7d4e6f8a0b1c2d3e4f5a6b7c";
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        conn.execute(
+            "INSERT INTO service (cluster, hostname, service_type, instance_id, scope, state, \
+             registered_at, last_heartbeat) VALUES ('c', 'h', ?1, ?2, 'cluster', 'active', 50, 100)",
+            params![ServiceType::MetricCollector.code(), id],
+        )
+        .unwrap();
+        let instance = parse_instance_id(id).unwrap();
+        let column =
+            |sql: &str| -> Option<i64> { conn.query_row(sql, [], |row| row.get(0)).unwrap() };
+
+        let r = Registry::open(Some(&path)).unwrap();
+        assert_eq!(r.lookup(id).unwrap().last_heartbeat, Some(100));
+        assert_eq!(
+            r.heartbeat_batch(vec![(instance, 200)])
+                .await
+                .unwrap()
+                .activated,
+            0
+        );
+        assert_eq!(r.flush_last_seen().await.unwrap(), 1);
+        // The row keeps the time of its latest state change; the flush wrote the narrow row.
+        assert_eq!(column("SELECT last_heartbeat FROM service"), Some(100));
+        assert_eq!(column("SELECT last_seen FROM ccfleet_last_seen"), Some(200));
+        let reopened = Registry::open(Some(&path)).unwrap();
+        assert_eq!(reopened.lookup(id).unwrap().last_heartbeat, Some(200));
+        drop(reopened);
+
+        // A state change later than the written-behind time wins at the next start.
+        assert_eq!(r.mark_stale(300).await.unwrap(), 1);
+        assert_eq!(
+            r.heartbeat_batch(vec![(instance, 310)])
+                .await
+                .unwrap()
+                .activated,
+            1
+        );
+        drop(r);
+        let svc = Registry::open(Some(&path)).unwrap().lookup(id).unwrap();
+        assert_eq!((svc.state, svc.last_heartbeat), (State::Active, Some(310)));
+
+        // A row another tool deletes takes its last-seen time with it.
+        conn.execute("DELETE FROM service", []).unwrap();
+        assert_eq!(column("SELECT count(*) FROM ccfleet_last_seen"), Some(0));
     }
 
     #[test]
