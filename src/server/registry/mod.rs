@@ -23,6 +23,7 @@
 mod index;
 pub mod jetstream;
 mod sqlite;
+mod sqlite_last_seen;
 
 use std::collections::BTreeMap;
 use std::path::Path;

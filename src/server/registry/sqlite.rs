@@ -1,5 +1,5 @@
 //! The SQLite backend: cc-backend's `service` table, and last-seen times written behind in
-//! a narrow table of their own (`ccfleet_last_seen`).
+//! a compact table of their own ([`sqlite_last_seen`]).
 //!
 //! Every method is one explicit transaction that takes the write lock at once; its
 //! statements are stepped to completion and the commit is checked, so an error, including
@@ -17,7 +17,7 @@ use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior, params};
 
 use super::{
     Registration, RegistryStore, Service, State, StoredService, Upserted, parse_instance_id,
-    unix_seconds,
+    sqlite_last_seen, unix_seconds,
 };
 use crate::server::error::{RegistryError, RegistryErrorKind};
 use crate::wire::{Scope, ServiceType};
@@ -64,36 +64,6 @@ CREATE TABLE IF NOT EXISTS ccfleet_health (
     probed_at INTEGER NOT NULL
 );
 "#;
-
-/// Last-seen times written behind, apart from the wide `service` rows: a flush rewrites only
-/// these narrow rows (about 13 bytes each, some 75 to a 1 KiB page, in key order), where
-/// updating `service.last_heartbeat` rewrote each service's row and moved its entry in the
-/// (state, last_heartbeat) index. `service.last_heartbeat` is still written by every state
-/// change (a heartbeat that activates); the last-seen time of a service is the later of the
-/// two. A service row deleted by another tool takes its last-seen row with it, so a reused
-/// row id never inherits a time.
-const LAST_SEEN_SCHEMA: &str = r#"
-CREATE TABLE IF NOT EXISTS ccfleet_last_seen (
-    id INTEGER PRIMARY KEY,
-    last_seen INTEGER NOT NULL
-);
-CREATE TRIGGER IF NOT EXISTS ccfleet_last_seen_gone AFTER DELETE ON service
-BEGIN
-    DELETE FROM ccfleet_last_seen WHERE id = old.id;
-END;
-"#;
-
-/// Writes one last-seen time, only for a service row that exists (so that a count of 0
-/// shows the index and the database disagree).
-const LAST_SEEN_UPSERT: &str = "INSERT INTO ccfleet_last_seen (id, last_seen) \
-     SELECT id, ?2 FROM service WHERE id = ?1 \
-     ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen";
-
-/// Creates the last-seen table in a file that lacks it (every file made before it existed).
-fn create_last_seen_table(conn: &Connection) -> Result<(), RegistryError> {
-    conn.execute_batch(LAST_SEEN_SCHEMA)?;
-    Ok(())
-}
 
 impl From<rusqlite::Error> for RegistryError {
     fn from(e: rusqlite::Error) -> RegistryError {
@@ -149,7 +119,7 @@ impl SqliteStore {
         };
         conn.busy_timeout(Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
-        create_last_seen_table(&conn)?;
+        sqlite_last_seen::create_table(&conn)?;
         Ok(SqliteStore { conn })
     }
 
@@ -240,10 +210,10 @@ impl RegistryStore for SqliteStore {
 
     fn load_each(&mut self, each: &mut dyn FnMut(StoredService)) -> Result<usize, RegistryError> {
         let mut count = 0;
+        let last_seen = sqlite_last_seen::LastSeen::load(&self.conn)?;
         let mut stmt = self.conn.prepare(
-            "SELECT s.id, cluster, hostname, service_type, instance_id, scope, state, \
-             registered_at, last_heartbeat, config_revision, meta_data, l.last_seen \
-             FROM service s LEFT JOIN ccfleet_last_seen l ON l.id = s.id",
+            "SELECT id, cluster, hostname, service_type, instance_id, scope, state, \
+             registered_at, last_heartbeat, config_revision, meta_data FROM service",
         )?;
         let mut rows = stmt.query([])?;
         let mut bad_meta = 0usize;
@@ -269,8 +239,9 @@ impl RegistryStore for SqliteStore {
                 }),
             };
             count += 1;
+            let key = row.get(0)?;
             each(StoredService {
-                key: row.get(0)?,
+                key,
                 instance,
                 service: Service {
                     scope,
@@ -280,7 +251,7 @@ impl RegistryStore for SqliteStore {
                     state,
                     registered_at: row.get(7)?,
                     // The later of the state change's time and the written-behind one.
-                    last_heartbeat: row.get::<_, Option<i64>>(8)?.max(row.get(11)?),
+                    last_heartbeat: row.get::<_, Option<i64>>(8)?.max(last_seen.get(key)),
                     config_revision: row.get(9)?,
                     meta: Arc::new(meta),
                 },
@@ -347,16 +318,7 @@ impl RegistryStore for SqliteStore {
     }
 
     fn last_seen(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError> {
-        // In key order, the rows of the narrow table are visited page after page.
-        let mut writes = writes.to_vec();
-        writes.sort_unstable();
-        self.write(|tx| {
-            let mut stmt = tx.prepare_cached(LAST_SEEN_UPSERT)?;
-            for (key, at) in writes {
-                expect_changed(stmt.execute(params![key, at])?, 1)?;
-            }
-            Ok(())
-        })
+        self.write(|tx| sqlite_last_seen::write(tx, writes))
     }
 
     fn deregister(&mut self, key: i64) -> Result<(), RegistryError> {
@@ -556,18 +518,79 @@ mod tests {
         store.last_seen(&at(120)).unwrap();
         let wal_bytes = frames(&store, "PASSIVE") * (PAGE_SIZE + 24);
         let per_instance = wal_bytes / N as i64;
-        // About 13 bytes of narrow row each (written again at the checkpoint); rewriting
-        // the wide rows and their (state, last_heartbeat) index entries took ten times that.
-        assert!(per_instance <= 24, "{per_instance} WAL bytes per instance");
-        let conn = store.connection();
-        let stored: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM ccfleet_last_seen WHERE last_seen = 120",
-                [],
-                |row| row.get(0),
-            )
+        // About 8.5 bytes each (a 1 KiB page per 120 instances); rewriting the wide rows
+        // and their (state, last_heartbeat) index entries took 100.
+        assert!(per_instance <= 12, "{per_instance} WAL bytes per instance");
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.len(), N);
+        assert!(loaded.iter().all(|s| s.service.last_heartbeat == Some(120)));
+
+        // A flush of some times keeps the others of their chunks.
+        store
+            .last_seen(&[(keys[5], 130), (keys[250], 140)])
             .unwrap();
-        assert_eq!(stored, N as i64);
+        let times: BTreeMap<i64, Option<i64>> = store
+            .load()
+            .unwrap()
+            .iter()
+            .map(|s| (s.key, s.service.last_heartbeat))
+            .collect();
+        assert_eq!(times[&keys[4]], Some(120));
+        assert_eq!(times[&keys[5]], Some(130));
+        assert_eq!(times[&keys[6]], Some(120));
+        assert_eq!(times[&keys[250]], Some(140));
+    }
+
+    #[test]
+    fn last_seen_times_of_any_row_id_are_kept_and_go_with_their_row() {
+        let mut store = SqliteStore::open(None).unwrap();
+        let insert = |store: &SqliteStore, id: i64| {
+            store
+                .connection()
+                .execute(
+                    "INSERT INTO service (id, cluster, hostname, service_type, instance_id, \
+                     state, registered_at) VALUES (?1, 'c', ?2, ?3, ?4, 'active', 50)",
+                    params![
+                        id,
+                        format!("h{id}"),
+                        ServiceType::MetricCollector.code(),
+                        super::super::format_instance_id(id.unsigned_abs().into())
+                    ],
+                )
+                .unwrap();
+        };
+        let ids = [-121, -120, -1, 0, 1, 119, 120, 1 << 40];
+        for id in ids {
+            insert(&store, id);
+        }
+        let writes: Vec<(i64, i64)> = ids.iter().map(|&id| (id, 1000 + id % 1000)).collect();
+        store.last_seen(&writes).unwrap();
+        let times = |store: &mut SqliteStore| -> BTreeMap<i64, Option<i64>> {
+            store
+                .load()
+                .unwrap()
+                .iter()
+                .map(|s| (s.key, s.service.last_heartbeat))
+                .collect()
+        };
+        let expected: BTreeMap<i64, Option<i64>> =
+            writes.iter().map(|&(id, at)| (id, Some(at))).collect();
+        assert_eq!(times(&mut store), expected);
+
+        // Deleted by another tool and inserted again under the same id: no inherited time.
+        for id in [-1, 119] {
+            store
+                .connection()
+                .execute("DELETE FROM service WHERE id = ?1", [id])
+                .unwrap();
+            insert(&store, id);
+        }
+        let now = times(&mut store);
+        assert_eq!((now[&-1], now[&119]), (None, None));
+        assert_eq!(
+            (now[&-120], now[&0], now[&120]),
+            (Some(880), Some(1000), Some(1120))
+        );
     }
 
     #[tokio::test]
@@ -597,9 +620,12 @@ mod tests {
             0
         );
         assert_eq!(r.flush_last_seen().await.unwrap(), 1);
-        // The row keeps the time of its latest state change; the flush wrote the narrow row.
+        // The row keeps the time of its latest state change; the flush wrote its chunk.
         assert_eq!(column("SELECT last_heartbeat FROM service"), Some(100));
-        assert_eq!(column("SELECT last_seen FROM ccfleet_last_seen"), Some(200));
+        assert_eq!(
+            column("SELECT length(times) FROM ccfleet_last_seen"),
+            Some(960)
+        );
         let reopened = Registry::open(Some(&path)).unwrap();
         assert_eq!(reopened.lookup(id).unwrap().last_heartbeat, Some(200));
         drop(reopened);
@@ -616,10 +642,6 @@ mod tests {
         drop(r);
         let svc = Registry::open(Some(&path)).unwrap().lookup(id).unwrap();
         assert_eq!((svc.state, svc.last_heartbeat), (State::Active, Some(310)));
-
-        // A row another tool deletes takes its last-seen time with it.
-        conn.execute("DELETE FROM service", []).unwrap();
-        assert_eq!(column("SELECT count(*) FROM ccfleet_last_seen"), Some(0));
     }
 
     #[test]
