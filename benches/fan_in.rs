@@ -16,7 +16,8 @@
 //! number of heartbeats lost. Needs `nats-server` (NATS_SERVER_BIN or PATH).
 //!
 //! Then the registry stage alone (no NATS), with the bytes this process wrote to storage
-//! (`write_bytes` of `/proc/self/io`, including the write-behind flush of last-seen times):
+//! (`write_bytes` of `/proc/self/io`, including the write-behind flush of last-seen times
+//! after every round, a round being one flush interval):
 //! the realistic case, where every instance heartbeats once per simulated 10 s so every
 //! heartbeat carries a new time, and the repeat case, where the time does not change.
 
@@ -60,10 +61,11 @@ fn written_bytes() -> u64 {
 }
 
 /// Applies `rounds` rounds of one heartbeat per instance straight to the registry, in
-/// batches of `batch`, the time advancing by `step` seconds per round; then flushes the
-/// last-seen times.
+/// batches of `batch`, the time advancing by `step` seconds per round; each round is one
+/// flush interval, so the last-seen times are flushed after each.
 async fn registry_stage(
     registry: &Registry,
+    db: &std::path::Path,
     ids: &[u128],
     rounds: usize,
     batch: usize,
@@ -74,29 +76,35 @@ async fn registry_stage(
     let written_before = written_bytes();
     let started = Instant::now();
     let mut applied = 0u64;
+    let mut applied_in = Duration::ZERO;
+    let mut flushed = 0;
     for round in 0..rounds {
         let at = base + step * (round as i64 + 1);
+        let round_started = Instant::now();
         for chunk in ids.chunks(batch) {
             let beats = chunk.iter().map(|id| (*id, at)).collect();
             let outcome = registry.heartbeat_batch(beats).await.expect("apply");
             applied += outcome.applied.iter().filter(|a| **a).count() as u64;
         }
+        applied_in += round_started.elapsed();
+        flushed += registry
+            .flush_last_seen()
+            .await
+            .expect("flush last-seen times");
     }
-    let applied_in = started.elapsed();
-    let flushed = registry
-        .flush_last_seen()
-        .await
-        .expect("flush last-seen times");
     let elapsed = started.elapsed();
     let written = written_bytes().saturating_sub(written_before);
+    let wal = std::fs::metadata(db.with_extension("sqlite-wal")).map_or(0, |m| m.len());
     let expected = (ids.len() * rounds) as u64;
     println!(
-        "registry stage, {label}: {applied} of {expected} heartbeats applied in {:.3} s = {:.2} M heartbeats/s (lost {}); flush of {flushed} last-seen times included: {:.3} s; {:.1} bytes written per heartbeat",
+        "registry stage, {label}: {applied} of {expected} heartbeats applied in {:.3} s = {:.2} M heartbeats/s (lost {}); with a flush of the last-seen times after each round ({flushed} in all): {:.3} s = {:.2} M heartbeats/s; {:.1} bytes written per heartbeat; WAL file {:.1} MiB",
         applied_in.as_secs_f64(),
         per_second(applied, applied_in) / 1e6,
         expected - applied,
         elapsed.as_secs_f64(),
+        per_second(applied, elapsed) / 1e6,
         written as f64 / expected as f64,
+        wal as f64 / f64::from(1 << 20),
     );
 }
 
@@ -286,6 +294,7 @@ async fn run() {
         .collect();
     registry_stage(
         &registry,
+        &db,
         &ids,
         rounds,
         batch.max(4096),
@@ -295,6 +304,7 @@ async fn run() {
     .await;
     registry_stage(
         &registry,
+        &db,
         &ids,
         rounds,
         batch.max(4096),

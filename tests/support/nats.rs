@@ -95,6 +95,11 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// The process id of the running server (benches read its CPU time).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The port, stable across restarts.
     pub fn port(&self) -> u16 {
         self.port
