@@ -93,6 +93,60 @@ async fn heartbeats_published_while_no_server_runs_are_applied_when_one_starts_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_a_crashed_server_held_unacknowledged_are_applied_by_the_next_one() {
+    let nats = NatsServer::start_jetstream();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fleet.sqlite");
+    let json = config(&nats, json!({"db": db}));
+    // The first server runs on a runtime of its own, so it can be stopped dead: no
+    // graceful apply, no acknowledgement.
+    let first_json = json.clone();
+    let (runtime, first) = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = runtime.block_on(start(first_json));
+        (runtime, server)
+    })
+    .join()
+    .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(register(first.registry(), &format!("m{i:02}")).await);
+    }
+    // The activation writes wait for this lock, so the server holds the messages when it dies.
+    let blocker = rusqlite::Connection::open(&db).unwrap();
+    blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    publish(&nats.url(), &ids).await;
+    eventually(
+        "the first server holding every message",
+        Duration::from_secs(20),
+        || async { first.heartbeat_stats().messages == ids.len() as u64 },
+    )
+    .await;
+    runtime.shutdown_background();
+    drop(first);
+    blocker.execute_batch("COMMIT").unwrap();
+    drop(blocker);
+
+    let second = start(json).await;
+    eventually(
+        "the held messages delivered again after ack-wait and applied",
+        Duration::from_secs(30),
+        || async { second.heartbeat_stats().applied == ids.len() as u64 },
+    )
+    .await;
+    let stats = second.heartbeat_stats();
+    assert_eq!(stats.stream_redelivered, ids.len() as u64, "{stats:?}");
+    for id in &ids {
+        assert_eq!(state(&second, id), State::Active, "{id}");
+    }
+    second.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_the_registry_refuses_is_redelivered_and_applied_once_the_fault_is_gone() {
     let nats = NatsServer::start_jetstream();
     let dir = tempfile::tempdir().unwrap();
