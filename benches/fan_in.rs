@@ -10,6 +10,9 @@
 //! `FANIN_PENDING` sets the server's `fleet.heartbeat-pending-messages` (default 1 024).
 //! `FANIN_HEARTBEAT_STREAM=1` runs nats-server with JetStream and the server with
 //! `fleet.heartbeat-stream` (heartbeats captured by a stream, read by a durable consumer).
+//! `FANIN_JS_BUFFERED=N` (stream mode) sets nats-server's `jetstream { max_buffered_msgs }`
+//! to N (and `max_buffered_size` to 4 GiB): plain publishes that arrive faster than
+//! JetStream stores them wait in that buffer, and beyond it nats-server discards them.
 //! The rounds after the first are published as one burst, as fast as the publisher can, so
 //! `FANIN_INSTANCES` x (`FANIN_ROUNDS` - 1) is the burst size that the "lost" figure is for.
 //!
@@ -187,6 +190,31 @@ async fn publish_and_wait(
     );
 }
 
+/// What the heartbeat stream and its consumer hold (stream mode): where missing heartbeats
+/// went, if any.
+async fn stream_report(url: &str) {
+    let client = async_nats::connect(url).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js
+        .get_stream(ccfleet::server::config::DEFAULT_HEARTBEAT_STREAM)
+        .await
+        .expect("heartbeat stream");
+    let state = stream.info().await.expect("stream info").state.clone();
+    let consumer = stream
+        .consumer_info(ccfleet::server::config::DEFAULT_HEARTBEAT_CONSUMER)
+        .await
+        .expect("consumer info");
+    println!(
+        "stream: {} messages stored (sequences {}-{}), consumer: {} pending, {} waiting for an ack, {} redelivered",
+        state.messages,
+        state.first_sequence,
+        state.last_sequence,
+        consumer.num_pending,
+        consumer.num_ack_pending,
+        consumer.num_redelivered,
+    );
+}
+
 async fn run() {
     let instances = env_usize("FANIN_INSTANCES", 100_000);
     let rounds = env_usize("FANIN_ROUNDS", 5).max(2);
@@ -240,7 +268,13 @@ async fn run() {
     decode_stage(&messages, instances);
 
     let stream = env_usize("FANIN_HEARTBEAT_STREAM", 0) != 0;
-    let nats = if stream {
+    let buffered = env_usize("FANIN_JS_BUFFERED", 0);
+    let nats = if stream && buffered > 0 {
+        println!("nats-server max_buffered_msgs: {buffered}");
+        nats::NatsServer::start_jetstream_with_config(&format!(
+            "jetstream {{\n  max_buffered_msgs: {buffered}\n  max_buffered_size: 4GB\n}}\n"
+        ))
+    } else if stream {
         nats::NatsServer::start_jetstream()
     } else {
         nats::NatsServer::start()
@@ -289,6 +323,9 @@ async fn run() {
         patience,
     )
     .await;
+    if stream {
+        stream_report(&nats.url()).await;
+    }
     let active = server.registry().counts().active;
     server.shutdown().await.expect("shutdown");
     let stats_note = if active == instances as u64 {
