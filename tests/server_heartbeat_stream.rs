@@ -147,6 +147,37 @@ async fn messages_a_crashed_server_held_unacknowledged_are_applied_by_the_next_o
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumer_carries_on_after_nats_server_restarts() {
+    let mut nats = NatsServer::start_jetstream();
+    let server = start(config(&nats, json!({}))).await;
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(register(server.registry(), &format!("m{i:02}")).await);
+    }
+    publish(&nats.url(), &ids[..5]).await;
+    eventually(
+        "the heartbeats before the restart applied",
+        Duration::from_secs(20),
+        || async { server.heartbeat_stats().applied == 5 },
+    )
+    .await;
+    // The stream and the consumer are on disk; the server's pull resumes after reconnecting.
+    nats.kill();
+    nats.restart();
+    publish(&nats.url(), &ids[5..]).await;
+    eventually(
+        "the heartbeats after the restart applied",
+        Duration::from_secs(60),
+        || async { server.heartbeat_stats().applied == 10 },
+    )
+    .await;
+    for id in &ids {
+        assert_eq!(state(&server, id), State::Active, "{id}");
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_the_registry_refuses_is_redelivered_and_applied_once_the_fault_is_gone() {
     let nats = NatsServer::start_jetstream();
     let dir = tempfile::tempdir().unwrap();

@@ -336,6 +336,8 @@ mod tests {
         );
         assert!(text.contains("ccfleet_roster_publish_errors_total 3\n"));
         assert!(text.contains("ccfleet_message_panics_total{source=\"nats\"} 0\n"));
+        assert!(text.contains("ccfleet_heartbeat_stream_failed_batches_total 0\n"));
+        assert!(text.contains("ccfleet_heartbeat_stream_pending 0\n"));
         assert!(text.starts_with(&format!(
             "# HELP ccfleet_build_info The running ccfleet build (always 1).\n\
              # TYPE ccfleet_build_info gauge\n\
