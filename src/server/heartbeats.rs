@@ -9,7 +9,10 @@
 //! The flusher coalesces them per instance id (last wins) and applies them in one
 //! transaction each second or once 512 distinct ids are pending. Queues between the stages
 //! are bounded and apply back-pressure; when the consumer falls behind, async-nats drops
-//! messages at the subscription and reports them, which is counted as `dropped`.
+//! messages at the subscription and reports each drop through its event queue, which is
+//! counted as `dropped`. That queue is bounded too and sheds reports in a large burst, so
+//! the count is a lower bound: a sign of overload, not an exact loss figure (the opt-in
+//! heartbeat stream loses nothing instead).
 //! Subscriptions are re-established by async-nats after a reconnect, so the consumer
 //! outlives nats-server restarts.
 //!
@@ -340,7 +343,7 @@ async fn flush_loop(
                     tracing::warn!("NATS fleet: {rejected} rejected message(s) in the last {period}");
                 }
                 if dropped > 0 {
-                    tracing::warn!("NATS fleet: dropped {dropped} heartbeat message(s) in the last {period}: the consumer cannot keep up (raise heartbeat-concurrency or add servers to the queue group)");
+                    tracing::warn!("NATS fleet: dropped at least {dropped} heartbeat message(s) in the last {period}: the consumer cannot keep up (raise heartbeat-concurrency or add servers to the queue group)");
                 }
                 reported = now;
             }

@@ -202,7 +202,7 @@ impl Metrics {
             "# HELP ccfleet_heartbeat_messages_total NATS heartbeat messages received.\n\
              # TYPE ccfleet_heartbeat_messages_total counter\n\
              ccfleet_heartbeat_messages_total {}\n\
-             # HELP ccfleet_heartbeat_messages_dropped_total NATS heartbeat messages dropped under overload.\n\
+             # HELP ccfleet_heartbeat_messages_dropped_total NATS heartbeat messages dropped under overload (a lower bound: the NATS client sheds drop reports in large bursts).\n\
              # TYPE ccfleet_heartbeat_messages_dropped_total counter\n\
              ccfleet_heartbeat_messages_dropped_total {}\n\
              # HELP ccfleet_heartbeat_decode_seconds_total Time spent decoding heartbeat messages.\n\
