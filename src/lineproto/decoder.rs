@@ -963,7 +963,14 @@ mod tests {
 
     #[test]
     fn tags_and_fields_kept_from_validation_read_as_a_fresh_scan_does() {
-        let tags = ["a=b", "k\\ x=v\\,w", "k\\=y=1\\=2", "é=ü", "t=a\\\\b", "a=b"];
+        let tags = [
+            "a=b",
+            "k\\ x=v\\,w",
+            "k\\=y=1\\=2",
+            "é=ü",
+            "t=a\\\\b",
+            "a=b",
+        ];
         let values = [
             "1",
             "-1.5",
