@@ -8,6 +8,13 @@
 //! ```
 //!
 //! `FANIN_PENDING` sets the server's `fleet.heartbeat-pending-messages` (default 1 024).
+//! `FANIN_HEARTBEAT_STREAM=1` runs nats-server with JetStream and the server with
+//! `fleet.heartbeat-stream` (heartbeats captured by a stream, read by a durable consumer).
+//! `FANIN_JS_BUFFERED=N` (stream mode) sets nats-server's `jetstream { max_buffered_msgs }`
+//! to N (and `max_buffered_size` to 4 GiB): plain publishes that arrive faster than
+//! JetStream stores them wait in that buffer, and beyond it nats-server discards them.
+//! The rounds after the first are published as one burst, as fast as the publisher can, so
+//! `FANIN_INSTANCES` x (`FANIN_ROUNDS` - 1) is the burst size that the "lost" figure is for.
 //!
 //! Reports registration time, the decode stage alone (classify every line and parse the
 //! id, one core), and heartbeats per second applied end to end for the first round (every
@@ -138,6 +145,7 @@ async fn publish_and_wait(
     heartbeats_per_round: u64,
     rounds: usize,
     label: &str,
+    patience: Duration,
 ) {
     let before = server.heartbeat_stats();
     let expected = heartbeats_per_round * rounds as u64;
@@ -161,8 +169,8 @@ async fn publish_and_wait(
         }
         if settled != last_progress.1 {
             last_progress = (Instant::now(), settled);
-        } else if last_progress.0.elapsed() > Duration::from_secs(5) {
-            // No progress for 5 s: whatever has not arrived is lost.
+        } else if last_progress.0.elapsed() > patience {
+            // No progress for that long: whatever has not arrived is lost.
             break last_progress.0;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -173,11 +181,37 @@ async fn publish_and_wait(
     let unknown = now.unknown - before.unknown;
     let lost = expected.saturating_sub(applied);
     println!(
-        "{label}: {expected} heartbeats published in {:.3} s, applied {applied} in {:.3} s = {:.0} heartbeats/s end to end; lost {lost}, unknown {unknown}, dropped messages {}",
+        "{label}: {expected} heartbeats published in {:.3} s, applied {applied} in {:.3} s = {:.0} heartbeats/s end to end; lost {lost}, unknown {unknown}, dropped messages {}, redelivered messages {}",
         published_in.as_secs_f64(),
         elapsed.as_secs_f64(),
         per_second(applied, elapsed),
         now.dropped - before.dropped,
+        now.stream_redelivered - before.stream_redelivered,
+    );
+}
+
+/// What the heartbeat stream and its consumer hold (stream mode): where missing heartbeats
+/// went, if any.
+async fn stream_report(url: &str) {
+    let client = async_nats::connect(url).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js
+        .get_stream(ccfleet::server::config::DEFAULT_HEARTBEAT_STREAM)
+        .await
+        .expect("heartbeat stream");
+    let state = stream.info().await.expect("stream info").state.clone();
+    let consumer = stream
+        .consumer_info(ccfleet::server::config::DEFAULT_HEARTBEAT_CONSUMER)
+        .await
+        .expect("consumer info");
+    println!(
+        "stream: {} messages stored (sequences {}-{}), consumer: {} pending, {} waiting for an ack, {} redelivered",
+        state.messages,
+        state.first_sequence,
+        state.last_sequence,
+        consumer.num_pending,
+        consumer.num_ack_pending,
+        consumer.num_redelivered,
     );
 }
 
@@ -233,10 +267,24 @@ async fn run() {
     );
     decode_stage(&messages, instances);
 
-    let nats = nats::NatsServer::start();
+    let stream = env_usize("FANIN_HEARTBEAT_STREAM", 0) != 0;
+    let buffered = env_usize("FANIN_JS_BUFFERED", 0);
+    let nats = if stream && buffered > 0 {
+        println!("nats-server max_buffered_msgs: {buffered}");
+        nats::NatsServer::start_jetstream_with_config(&format!(
+            "jetstream {{\n  max_buffered_msgs: {buffered}\n  max_buffered_size: 4GB\n}}\n"
+        ))
+    } else if stream {
+        nats::NatsServer::start_jetstream()
+    } else {
+        nats::NatsServer::start()
+    };
     let pending = env_usize("FANIN_PENDING", 1024);
-    println!("heartbeat-pending-messages: {pending}");
-    let config = serde_json::json!({
+    println!("heartbeat-pending-messages: {pending}, heartbeat-stream: {stream}");
+    // A stream redelivers what was not acknowledged after ack-wait (30 s by default): wait
+    // longer than that before counting anything as lost.
+    let patience = Duration::from_secs(if stream { 40 } else { 5 });
+    let mut config = serde_json::json!({
         "addr": "127.0.0.1:0",
         "db": db,
         "disable-authentication": true,
@@ -247,6 +295,9 @@ async fn run() {
             "heartbeat-pending-messages": pending,
         }
     });
+    if stream {
+        config["fleet"]["heartbeat-stream"] = serde_json::json!({"max-bytes": 8_i64 << 30});
+    }
     let server = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
         .await
         .expect("server starts");
@@ -259,6 +310,7 @@ async fn run() {
         instances as u64,
         1,
         "round 1 (pending -> active)",
+        patience,
     )
     .await;
     publish_and_wait(
@@ -268,8 +320,12 @@ async fn run() {
         instances as u64,
         rounds - 1,
         &format!("rounds 2-{rounds} (active)"),
+        patience,
     )
     .await;
+    if stream {
+        stream_report(&nats.url()).await;
+    }
     let active = server.registry().counts().active;
     server.shutdown().await.expect("shutdown");
     let stats_note = if active == instances as u64 {

@@ -186,6 +186,32 @@ impl NatsServer {
     }
 }
 
+impl NatsServer {
+    /// [`NatsServer::start_jetstream`] with a configuration file holding `config` as well,
+    /// e.g. a `jetstream { max_buffered_msgs: ... }` block (the store directory comes from
+    /// the command line).
+    pub fn start_jetstream_with_config(config: &str) -> Self {
+        let dir = tempfile::tempdir().expect("a directory for the nats-server config");
+        let path = dir.path().join("nats-server.conf");
+        std::fs::write(&path, config).expect("write the nats-server config");
+        let store = tempfile::tempdir().expect("a JetStream store directory");
+        let mut server = NatsServer {
+            binary: nats_server_binary(),
+            port: free_port(),
+            child: None,
+            config: Some((dir, path)),
+            extra: vec![
+                "-js".to_owned(),
+                "-sd".to_owned(),
+                store.path().display().to_string(),
+            ],
+            store: Some(store),
+        };
+        server.restart();
+        server
+    }
+}
+
 /// Three nats-servers with JetStream, routed into one cluster on loopback; each node keeps
 /// its store directory across restarts.
 pub struct NatsCluster {

@@ -40,6 +40,13 @@ const UPDATE_CHUNK: usize = 256;
 /// unique. Files created with the index keep it (it is only slower). Rows are appended in
 /// key order, and the (cluster, hostname, type) index grows at the end of each cluster
 /// when host names are sequential, as after a cluster reboot.
+///
+/// cc-backend's indexes on `cluster` alone and on `scope` are dropped, in old files too:
+/// the server never reads through them, the unique (cluster, hostname, type) index starts
+/// with the cluster and serves every query the first could, and a scope has two values.
+/// Keeping them cost every group commit a rewrite of one more page per cluster
+/// registering, and each registration two more index entries: about a third of the bytes
+/// a registration storm wrote.
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS "service" (
     id INTEGER PRIMARY KEY,
@@ -55,8 +62,8 @@ CREATE TABLE IF NOT EXISTS "service" (
     meta_data TEXT,
     UNIQUE (cluster, hostname, service_type)
 );
-CREATE INDEX IF NOT EXISTS services_cluster ON service (cluster);
-CREATE INDEX IF NOT EXISTS services_scope ON service (scope);
+DROP INDEX IF EXISTS services_cluster;
+DROP INDEX IF EXISTS services_scope;
 CREATE INDEX IF NOT EXISTS services_state_heartbeat ON service (state, last_heartbeat);
 CREATE TABLE IF NOT EXISTS ccfleet_health (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -462,6 +469,132 @@ mod tests {
         let reopened = Registry::open(Some(&path)).unwrap();
         assert!(reopened.lookup(&first.instance_id).is_none());
         assert!(reopened.lookup(&second.instance_id).is_some());
+    }
+
+    /// The names of the indexes on `service`.
+    fn service_indexes(conn: &Connection) -> Vec<String> {
+        conn.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'service'")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_file_with_the_cluster_and_scope_indexes_loses_them_and_keeps_its_rows_and_unique_key()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.sqlite");
+        // cc-backend's layout, as earlier versions created it: both dropped indexes present.
+        let old = SCHEMA
+            .replace(
+                "DROP INDEX IF EXISTS services_cluster;",
+                "CREATE INDEX IF NOT EXISTS services_cluster ON service (cluster);",
+            )
+            .replace(
+                "DROP INDEX IF EXISTS services_scope;",
+                "CREATE INDEX IF NOT EXISTS services_scope ON service (scope);",
+            )
+            .replace(
+                "UNIQUE (cluster, hostname, service_type)",
+                "UNIQUE (cluster, hostname, service_type),\n    UNIQUE (instance_id)",
+            );
+        assert!(old.contains("ON service (cluster)") && old.contains("ON service (scope)"));
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(&old).unwrap();
+            conn.execute_batch(
+                "INSERT INTO service (cluster, hostname, service_type, instance_id, state, \
+                 registered_at, last_heartbeat, config_revision, meta_data) VALUES \
+                 ('c', 'h1', 'ccmc', '0123456789abcdef0123456789abcdef', 'active', 10, 20, 7, '{\"rack\":\"r1\"}'), \
+                 ('c', 'h2', 'ccmc', 'fedcba9876543210fedcba9876543210', 'pending', 11, NULL, 0, NULL)",
+            )
+            .unwrap();
+            let indexes = service_indexes(&conn);
+            assert!(
+                indexes.contains(&"services_cluster".to_owned()),
+                "{indexes:?}"
+            );
+            assert!(
+                indexes.contains(&"services_scope".to_owned()),
+                "{indexes:?}"
+            );
+        }
+        let r = Registry::open(Some(&path)).unwrap();
+        let kept = r.lookup("0123456789abcdef0123456789abcdef").unwrap();
+        assert_eq!((kept.hostname.as_str(), kept.state), ("h1", State::Active));
+        assert_eq!(kept.last_heartbeat, Some(20));
+        assert_eq!(kept.meta.get("rack").map(String::as_str), Some("r1"));
+        assert!(r.lookup("fedcba9876543210fedcba9876543210").is_some());
+        // Re-registering a member of the old file keeps its one row and its revision.
+        let reg = Registration {
+            scope: Scope::Cluster,
+            cluster: "c".into(),
+            hostname: "h1".into(),
+            service_type: ServiceType::MetricCollector,
+            meta: BTreeMap::new(),
+        };
+        let again = r.register(reg.clone()).await.unwrap();
+        assert_eq!(again.config_revision, 7);
+        let twice = r.register(reg).await.unwrap();
+        assert_ne!(again.instance_id, twice.instance_id);
+        assert!(r.lookup("0123456789abcdef0123456789abcdef").is_none());
+        drop(r);
+        let conn = Connection::open(&path).unwrap();
+        let indexes = service_indexes(&conn);
+        assert!(
+            !indexes.contains(&"services_cluster".to_owned()),
+            "{indexes:?}"
+        );
+        assert!(
+            !indexes.contains(&"services_scope".to_owned()),
+            "{indexes:?}"
+        );
+        assert!(
+            indexes.contains(&"services_state_heartbeat".to_owned()),
+            "{indexes:?}"
+        );
+        let rows: i64 = conn
+            .query_row("SELECT count(*) FROM service", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(rows, 2, "one member, one row");
+        // The unique key still holds in the file itself.
+        let duplicate = conn.execute(
+            "INSERT INTO service (cluster, hostname, service_type, instance_id, registered_at) \
+             VALUES ('c', 'h1', 'ccmc', 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', 12)",
+            [],
+        );
+        assert!(
+            duplicate.is_err(),
+            "a second row for one member was accepted"
+        );
+        drop(conn);
+        let reopened = Registry::open(Some(&path)).unwrap();
+        assert!(reopened.lookup(&twice.instance_id).is_some());
+        assert_eq!(reopened.counts().active + reopened.counts().pending, 2);
+    }
+
+    #[test]
+    fn a_new_file_has_no_index_on_the_cluster_alone_nor_on_the_scope() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(Some(&dir.path().join("fleet.sqlite"))).unwrap();
+        let indexes = service_indexes(store.connection());
+        assert!(
+            !indexes.contains(&"services_cluster".to_owned()),
+            "{indexes:?}"
+        );
+        assert!(
+            !indexes.contains(&"services_scope".to_owned()),
+            "{indexes:?}"
+        );
+        // The unique key (an automatic index) serves lookups by cluster instead.
+        assert!(
+            indexes
+                .iter()
+                .any(|name| name.starts_with("sqlite_autoindex_service")),
+            "{indexes:?}"
+        );
     }
 
     #[test]
