@@ -285,6 +285,17 @@ pub const LAST_SEEN_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 /// (and WAL growth) and the wait of the first registration in the group.
 const GROUP_COMMIT_MAX: usize = 1024;
 
+/// A group of at least this many registrations means a storm is under way (a cluster
+/// reboot): the committer then waits [`GROUP_COMMIT_GATHER`] for more before it writes, as
+/// PostgreSQL's `commit_delay` does when `commit_siblings` transactions are active. Each
+/// commit rewrites the last pages of the table and of every index it touches, so a few
+/// large commits write far fewer bytes (and syncs) than many small ones; a lone
+/// registration is never delayed.
+const GROUP_COMMIT_SIBLINGS: usize = 8;
+
+/// How long a storm's group waits for more registrations before it is written.
+const GROUP_COMMIT_GATHER: Duration = Duration::from_millis(2);
+
 struct Shared {
     store: Mutex<Box<dyn RegistryStore>>,
     index: RwLock<Index>,
@@ -763,8 +774,22 @@ fn commit_registrations(shared: &Shared) {
             let n = queue.waiting.len().min(GROUP_COMMIT_MAX);
             queue.waiting.drain(..n).collect()
         };
+        let group = gather(shared, group);
         commit_group(shared, store.as_mut(), group);
     }
+}
+
+/// Lets a storm's group wait [`GROUP_COMMIT_GATHER`] and take what queued meanwhile.
+/// `committing` stays set throughout, so those registrations wait for this committer.
+fn gather(shared: &Shared, mut group: Vec<Waiting>) -> Vec<Waiting> {
+    if group.len() < GROUP_COMMIT_SIBLINGS || group.len() >= GROUP_COMMIT_MAX {
+        return group;
+    }
+    std::thread::sleep(GROUP_COMMIT_GATHER);
+    let mut queue = shared.registrations();
+    let more = queue.waiting.len().min(GROUP_COMMIT_MAX - group.len());
+    group.extend(queue.waiting.drain(..more));
+    group
 }
 
 /// One group commit: fresh instance ids, one store write, then the index and the answers.
