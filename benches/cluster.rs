@@ -14,9 +14,16 @@
 //!   them (the watch);
 //! - heartbeats of every registered instance over NATS in messages of
 //!   `CLUSTER_BATCH`, which the `cc-backend-fleet` queue group spreads over the servers:
-//!   round 1 activates every instance (one compare-and-set write each), rounds 2 to
-//!   `CLUSTER_ROUNDS` are the steady state. Reported per server: CPU seconds per million
-//!   heartbeats it applied; and key-value operations per heartbeat in the steady state.
+//!   round 1 activates every instance (one compare-and-set write each); once every server's
+//!   index holds every instance as active, rounds 2 to `CLUSTER_ROUNDS` are the steady
+//!   state. Reported per server: CPU seconds per million
+//!   heartbeats it applied (read 1.5 s after the last one was applied, so the last-seen
+//!   digests of the last second are counted); the nats-server's CPU seconds per million
+//!   heartbeats (from `/proc/<pid>/stat`); and key-value operations per heartbeat.
+//!
+//! - the registry stage alone on server 0 (as in `benches/fan_in.rs` for SQLite): the
+//!   realistic case (each round 10 s later, every heartbeat a new last-seen time, a digest
+//!   after each round) and the repeat case (the same second again).
 //!
 //! Needs `nats-server` (NATS_SERVER_BIN or PATH). Every registration must answer 201 and
 //! every heartbeat must be applied; the run fails otherwise.
@@ -29,6 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ccfleet::server::registry::jetstream::kv_operations;
+use ccfleet::server::registry::parse_instance_id;
 use ccfleet::server::{RunningServer, ServerConfig};
 use ccfleet::wire::{encode_heartbeat_into, now_ns};
 
@@ -43,34 +51,43 @@ fn env_usize(name: &str, default: usize) -> usize {
     }
 }
 
+/// CPU seconds (user + system) in the text of a `/proc/.../stat` file.
+fn stat_cpu(stat: &str) -> f64 {
+    // After the parenthesised name: state is field 3, utime 14, stime 15.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // /proc reports in USER_HZ, 100 on Linux.
+    (field(11) + field(12)) as f64 / 100.0
+}
+
 /// CPU seconds (user + system) of this process's threads whose name starts with `prefix`.
 fn thread_cpu(prefix: &str) -> f64 {
-    let mut ticks = 0u64;
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return 0.0;
     };
+    let mut cpu = 0.0;
     for task in tasks.flatten() {
         let path = task.path();
         let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        if !comm.starts_with(prefix) {
-            continue;
+        if comm.starts_with(prefix) {
+            cpu += stat_cpu(&std::fs::read_to_string(path.join("stat")).unwrap_or_default());
         }
-        let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
-        // After the parenthesised name: state is field 3, utime 14, stime 15.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let field = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        ticks += field(11) + field(12);
     }
-    // /proc reports in USER_HZ, 100 on Linux.
-    ticks as f64 / 100.0
+    cpu
+}
+
+/// CPU seconds (user + system) of the process `pid` (the nats-server).
+fn process_cpu(pid: Option<u32>) -> f64 {
+    pid.and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .map_or(0.0, |stat| stat_cpu(&stat))
 }
 
 /// A fleet server on a runtime of its own, whose threads are named `ccs<i>`.
@@ -208,6 +225,7 @@ async fn storm(nodes: &[Node], total: usize, concurrency: usize) -> Vec<String> 
 /// Publishes `rounds` rounds of `messages`; waits until the servers applied them all.
 async fn heartbeats(
     nodes: &[Node],
+    nats_pid: Option<u32>,
     publisher: &async_nats::Client,
     messages: &[Vec<u8>],
     per_round: u64,
@@ -222,6 +240,7 @@ async fn heartbeats(
     };
     let before = applied(nodes);
     let cpu_before: Vec<f64> = nodes.iter().map(|n| thread_cpu(&n.name)).collect();
+    let nats_before = process_cpu(nats_pid);
     let kv_before = kv_operations();
     let expected = per_round * rounds as u64;
     let started = Instant::now();
@@ -248,12 +267,20 @@ async fn heartbeats(
         tokio::time::sleep(Duration::from_millis(2)).await;
     };
     let elapsed = started.elapsed();
+    // The digests of the last second go out (and are applied) up to a second later: their
+    // CPU time belongs to these heartbeats too.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let nats_cpu = process_cpu(nats_pid) - nats_before;
     let kv = kv_operations() - kv_before;
     println!(
         "  {label}: {expected} heartbeats applied in {:.2} s = {:.0}/s; {kv} key-value operations = {:.6} per heartbeat",
         elapsed.as_secs_f64(),
         expected as f64 / elapsed.as_secs_f64(),
         kv as f64 / expected as f64
+    );
+    println!(
+        "    nats-server: {nats_cpu:.2} CPU s = {:.2} CPU s per million heartbeats",
+        nats_cpu / expected as f64 * 1e6
     );
     for (i, node) in nodes.iter().enumerate() {
         let got = counts[i] - before[i];
@@ -265,6 +292,56 @@ async fn heartbeats(
             } else {
                 cpu / got as f64 * 1e6
             }
+        );
+    }
+}
+
+/// The registry stage alone on server 0 (no NATS transport): `rounds` rounds of one
+/// heartbeat per instance applied straight to its registry in batches of 4 096, the time
+/// advancing by `step` seconds per round, each round followed by a flush of the last-seen
+/// times (on JetStream: the digest the other servers apply). Reports heartbeats per
+/// second, and CPU seconds per million heartbeats of every server (the others apply the
+/// digests; read 1.5 s after the last round).
+async fn registry_stage(nodes: &[Node], ids: &[u128], rounds: usize, step: i64, label: &str) {
+    let cpu_before: Vec<f64> = nodes.iter().map(|n| thread_cpu(&n.name)).collect();
+    let registry = nodes[0].server.registry().clone();
+    let expected = (ids.len() * rounds) as u64;
+    let ids = ids.to_vec();
+    let (applied, applied_in, flushed, elapsed) = nodes[0]
+        .runtime
+        .spawn(async move {
+            let base = ccfleet::server::registry::unix_seconds();
+            let started = Instant::now();
+            let (mut applied, mut applied_in, mut flushed) = (0u64, Duration::ZERO, 0usize);
+            for round in 0..rounds {
+                let at = base + step * (round as i64 + 1);
+                let round_started = Instant::now();
+                for chunk in ids.chunks(4096) {
+                    let beats = chunk.iter().map(|id| (*id, at)).collect();
+                    let outcome = registry.heartbeat_batch(beats).await.expect("apply");
+                    applied += outcome.applied.iter().filter(|a| **a).count() as u64;
+                }
+                applied_in += round_started.elapsed();
+                flushed += registry.flush_last_seen().await.expect("flush");
+            }
+            (applied, applied_in, flushed, started.elapsed())
+        })
+        .await
+        .expect("registry stage");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(applied, expected, "{label}: every heartbeat applied");
+    println!(
+        "  registry stage, {label}: {applied} heartbeats applied in {:.3} s = {:.2} M/s; with the flush (digest) after each round ({flushed} last-seen times): {:.3} s = {:.2} M/s",
+        applied_in.as_secs_f64(),
+        applied as f64 / applied_in.as_secs_f64() / 1e6,
+        elapsed.as_secs_f64(),
+        applied as f64 / elapsed.as_secs_f64() / 1e6,
+    );
+    for (i, node) in nodes.iter().enumerate() {
+        let cpu = thread_cpu(&node.name) - cpu_before[i];
+        println!(
+            "    server {i}: {cpu:.2} CPU s = {:.2} CPU s per million heartbeats",
+            cpu / applied as f64 * 1e6
         );
     }
 }
@@ -309,6 +386,7 @@ async fn run() {
         }
         heartbeats(
             &nodes,
+            nats.pid(),
             &publisher,
             &messages,
             ids.len() as u64,
@@ -316,8 +394,29 @@ async fn run() {
             "round 1 (pending -> active)",
         )
         .await;
+        // The steady state starts once every server learnt of every activation (through
+        // its watch); a heartbeat reaching a server that still holds its instance as
+        // pending would make it try the activation again (a key-value read and write).
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(300);
+        while nodes
+            .iter()
+            .any(|n| n.server.registry().counts().active < ids.len() as u64)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "every server to see every activation"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        println!(
+            "  every server holds all {} instances as active {:.2} s after round 1 was applied",
+            ids.len(),
+            started.elapsed().as_secs_f64()
+        );
         heartbeats(
             &nodes,
+            nats.pid(),
             &publisher,
             &messages,
             ids.len() as u64,
@@ -325,6 +424,19 @@ async fn run() {
             &format!("rounds 2-{rounds} (steady state)"),
         )
         .await;
+        let parsed: Vec<u128> = ids
+            .iter()
+            .map(|id| parse_instance_id(id).expect("instance id"))
+            .collect();
+        registry_stage(
+            &nodes,
+            &parsed,
+            rounds,
+            10,
+            "realistic (every heartbeat 10 s after the previous one)",
+        )
+        .await;
+        registry_stage(&nodes, &parsed, rounds, 0, "repeat (the same second again)").await;
         for node in nodes {
             node.stop().await;
         }

@@ -392,6 +392,17 @@ fn side_by_side(peer: &str) {
     let mut theirs = vec![Vec::new(); inputs.len()];
     let mut scan = Vec::new();
     let beats = &inputs[0];
+    // Unescaping a roster's payload alone, with the implementation decoding uses.
+    let roster_line = Decoder::new(inputs[1].text.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap();
+    let payload = roster_line
+        .fields()
+        .find_map(|(_, v)| v.as_str_token())
+        .expect("a roster has a string field");
+    let mut unescape_ns = Vec::new();
+    let mut out = String::new();
     for _ in 0..rounds {
         for (i, input) in inputs.iter().enumerate() {
             let ns = best_of(passes, || ccfleet_read(input.text.as_bytes(), true));
@@ -408,6 +419,14 @@ fn side_by_side(peer: &str) {
             accepted
         });
         scan.push(ns as f64 / beats.lines as f64);
+        // 100 unescapes per timed pass: one takes about a microsecond.
+        let ns = best_of(passes, || {
+            for _ in 0..100 {
+                black_box(payload.unescape_with(black_box(&mut out)));
+            }
+            out.len()
+        });
+        unescape_ns.push(ns as f64 / 100.0);
         let output = std::process::Command::new("sh")
             .arg("-c")
             .arg(format!("{peer} \"$@\""))
@@ -451,5 +470,12 @@ fn side_by_side(peer: &str) {
     let (scan_min, scan_med) = min_and_median(&mut scan);
     println!(
         "\nscan_heartbeats: {scan_min:.1} / {scan_med:.1} ns per heartbeat line (min / median)"
+    );
+    let (ns_min, ns_med) = min_and_median(&mut unescape_ns);
+    let bytes = payload.raw().len() as f64;
+    println!(
+        "unescape, roster payload ({bytes} bytes): {:.2} / {:.2} GB/s (best / median)",
+        bytes / ns_min,
+        bytes / ns_med
     );
 }

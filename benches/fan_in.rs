@@ -8,6 +8,13 @@
 //! ```
 //!
 //! `FANIN_PENDING` sets the server's `fleet.heartbeat-pending-messages` (default 1 024).
+//! `FANIN_HEARTBEAT_STREAM=1` runs nats-server with JetStream and the server with
+//! `fleet.heartbeat-stream` (heartbeats captured by a stream, read by a durable consumer).
+//! `FANIN_JS_BUFFERED=N` (stream mode) sets nats-server's `jetstream { max_buffered_msgs }`
+//! to N (and `max_buffered_size` to 4 GiB): plain publishes that arrive faster than
+//! JetStream stores them wait in that buffer, and beyond it nats-server discards them.
+//! The rounds after the first are published as one burst, as fast as the publisher can, so
+//! `FANIN_INSTANCES` x (`FANIN_ROUNDS` - 1) is the burst size that the "lost" figure is for.
 //!
 //! Reports registration time, the decode stage alone (classify every line and parse the
 //! id, one core), and heartbeats per second applied end to end for the first round (every
@@ -16,7 +23,8 @@
 //! number of heartbeats lost. Needs `nats-server` (NATS_SERVER_BIN or PATH).
 //!
 //! Then the registry stage alone (no NATS), with the bytes this process wrote to storage
-//! (`write_bytes` of `/proc/self/io`, including the write-behind flush of last-seen times):
+//! (`write_bytes` of `/proc/self/io`, including the write-behind flush of last-seen times
+//! after every round, a round being one flush interval):
 //! the realistic case, where every instance heartbeats once per simulated 10 s so every
 //! heartbeat carries a new time, and the repeat case, where the time does not change.
 
@@ -60,10 +68,11 @@ fn written_bytes() -> u64 {
 }
 
 /// Applies `rounds` rounds of one heartbeat per instance straight to the registry, in
-/// batches of `batch`, the time advancing by `step` seconds per round; then flushes the
-/// last-seen times.
+/// batches of `batch`, the time advancing by `step` seconds per round; each round is one
+/// flush interval, so the last-seen times are flushed after each.
 async fn registry_stage(
     registry: &Registry,
+    db: &std::path::Path,
     ids: &[u128],
     rounds: usize,
     batch: usize,
@@ -74,29 +83,35 @@ async fn registry_stage(
     let written_before = written_bytes();
     let started = Instant::now();
     let mut applied = 0u64;
+    let mut applied_in = Duration::ZERO;
+    let mut flushed = 0;
     for round in 0..rounds {
         let at = base + step * (round as i64 + 1);
+        let round_started = Instant::now();
         for chunk in ids.chunks(batch) {
             let beats = chunk.iter().map(|id| (*id, at)).collect();
             let outcome = registry.heartbeat_batch(beats).await.expect("apply");
             applied += outcome.applied.iter().filter(|a| **a).count() as u64;
         }
+        applied_in += round_started.elapsed();
+        flushed += registry
+            .flush_last_seen()
+            .await
+            .expect("flush last-seen times");
     }
-    let applied_in = started.elapsed();
-    let flushed = registry
-        .flush_last_seen()
-        .await
-        .expect("flush last-seen times");
     let elapsed = started.elapsed();
     let written = written_bytes().saturating_sub(written_before);
+    let wal = std::fs::metadata(db.with_extension("sqlite-wal")).map_or(0, |m| m.len());
     let expected = (ids.len() * rounds) as u64;
     println!(
-        "registry stage, {label}: {applied} of {expected} heartbeats applied in {:.3} s = {:.2} M heartbeats/s (lost {}); flush of {flushed} last-seen times included: {:.3} s; {:.1} bytes written per heartbeat",
+        "registry stage, {label}: {applied} of {expected} heartbeats applied in {:.3} s = {:.2} M heartbeats/s (lost {}); with a flush of the last-seen times after each round ({flushed} in all): {:.3} s = {:.2} M heartbeats/s; {:.1} bytes written per heartbeat; WAL file {:.1} MiB",
         applied_in.as_secs_f64(),
         per_second(applied, applied_in) / 1e6,
         expected - applied,
         elapsed.as_secs_f64(),
+        per_second(applied, elapsed) / 1e6,
         written as f64 / expected as f64,
+        wal as f64 / f64::from(1 << 20),
     );
 }
 
@@ -138,6 +153,7 @@ async fn publish_and_wait(
     heartbeats_per_round: u64,
     rounds: usize,
     label: &str,
+    patience: Duration,
 ) {
     let before = server.heartbeat_stats();
     let expected = heartbeats_per_round * rounds as u64;
@@ -161,8 +177,8 @@ async fn publish_and_wait(
         }
         if settled != last_progress.1 {
             last_progress = (Instant::now(), settled);
-        } else if last_progress.0.elapsed() > Duration::from_secs(5) {
-            // No progress for 5 s: whatever has not arrived is lost.
+        } else if last_progress.0.elapsed() > patience {
+            // No progress for that long: whatever has not arrived is lost.
             break last_progress.0;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -173,11 +189,37 @@ async fn publish_and_wait(
     let unknown = now.unknown - before.unknown;
     let lost = expected.saturating_sub(applied);
     println!(
-        "{label}: {expected} heartbeats published in {:.3} s, applied {applied} in {:.3} s = {:.0} heartbeats/s end to end; lost {lost}, unknown {unknown}, dropped messages {}",
+        "{label}: {expected} heartbeats published in {:.3} s, applied {applied} in {:.3} s = {:.0} heartbeats/s end to end; lost {lost}, unknown {unknown}, dropped messages {}, redelivered messages {}",
         published_in.as_secs_f64(),
         elapsed.as_secs_f64(),
         per_second(applied, elapsed),
         now.dropped - before.dropped,
+        now.stream_redelivered - before.stream_redelivered,
+    );
+}
+
+/// What the heartbeat stream and its consumer hold (stream mode): where missing heartbeats
+/// went, if any.
+async fn stream_report(url: &str) {
+    let client = async_nats::connect(url).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js
+        .get_stream(ccfleet::server::config::DEFAULT_HEARTBEAT_STREAM)
+        .await
+        .expect("heartbeat stream");
+    let state = stream.info().await.expect("stream info").state.clone();
+    let consumer = stream
+        .consumer_info(ccfleet::server::config::DEFAULT_HEARTBEAT_CONSUMER)
+        .await
+        .expect("consumer info");
+    println!(
+        "stream: {} messages stored (sequences {}-{}), consumer: {} pending, {} waiting for an ack, {} redelivered",
+        state.messages,
+        state.first_sequence,
+        state.last_sequence,
+        consumer.num_pending,
+        consumer.num_ack_pending,
+        consumer.num_redelivered,
     );
 }
 
@@ -233,10 +275,24 @@ async fn run() {
     );
     decode_stage(&messages, instances);
 
-    let nats = nats::NatsServer::start();
+    let stream = env_usize("FANIN_HEARTBEAT_STREAM", 0) != 0;
+    let buffered = env_usize("FANIN_JS_BUFFERED", 0);
+    let nats = if stream && buffered > 0 {
+        println!("nats-server max_buffered_msgs: {buffered}");
+        nats::NatsServer::start_jetstream_with_config(&format!(
+            "jetstream {{\n  max_buffered_msgs: {buffered}\n  max_buffered_size: 4GB\n}}\n"
+        ))
+    } else if stream {
+        nats::NatsServer::start_jetstream()
+    } else {
+        nats::NatsServer::start()
+    };
     let pending = env_usize("FANIN_PENDING", 1024);
-    println!("heartbeat-pending-messages: {pending}");
-    let config = serde_json::json!({
+    println!("heartbeat-pending-messages: {pending}, heartbeat-stream: {stream}");
+    // A stream redelivers what was not acknowledged after ack-wait (30 s by default): wait
+    // longer than that before counting anything as lost.
+    let patience = Duration::from_secs(if stream { 40 } else { 5 });
+    let mut config = serde_json::json!({
         "addr": "127.0.0.1:0",
         "db": db,
         "disable-authentication": true,
@@ -247,6 +303,9 @@ async fn run() {
             "heartbeat-pending-messages": pending,
         }
     });
+    if stream {
+        config["fleet"]["heartbeat-stream"] = serde_json::json!({"max-bytes": 8_i64 << 30});
+    }
     let server = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
         .await
         .expect("server starts");
@@ -259,6 +318,7 @@ async fn run() {
         instances as u64,
         1,
         "round 1 (pending -> active)",
+        patience,
     )
     .await;
     publish_and_wait(
@@ -268,8 +328,12 @@ async fn run() {
         instances as u64,
         rounds - 1,
         &format!("rounds 2-{rounds} (active)"),
+        patience,
     )
     .await;
+    if stream {
+        stream_report(&nats.url()).await;
+    }
     let active = server.registry().counts().active;
     server.shutdown().await.expect("shutdown");
     let stats_note = if active == instances as u64 {
@@ -286,6 +350,7 @@ async fn run() {
         .collect();
     registry_stage(
         &registry,
+        &db,
         &ids,
         rounds,
         batch.max(4096),
@@ -295,6 +360,7 @@ async fn run() {
     .await;
     registry_stage(
         &registry,
+        &db,
         &ids,
         rounds,
         batch.max(4096),

@@ -77,3 +77,33 @@ fn generic_decode_allocates_nothing_without_escapes() {
     assert!(total > 0.0);
     assert_eq!(allocations, 0, "decoding allocated");
 }
+
+#[test]
+fn lines_with_more_tags_and_fields_than_the_decoder_keeps_allocate_nothing() {
+    // Past the first few tags and fields, which the decoder keeps, the rest are scanned and
+    // parsed again when read: that path allocates nothing either.
+    let text: String = (0..500)
+        .map(|i| {
+            format!(
+                "m,a=1,b=2,c=3,d=4,e=5,f\\ g=6 f0={i}i,f1={i}.25,f2=true,f3=\"s\",f4=-{i},f5={i}u,f6=\"t u\" {i}\n"
+            )
+        })
+        .collect();
+    let mut sum = 0usize;
+    let allocations = allocations_during(|| {
+        for line in Decoder::new(text.as_bytes()) {
+            let line = line.unwrap();
+            for (k, v) in line.tags() {
+                sum += k.raw().len() + v.raw().len();
+            }
+            for (k, v) in line.fields() {
+                sum += k.raw().len();
+                if let FieldValue::Int(n) = v {
+                    sum += n as usize;
+                }
+            }
+        }
+    });
+    assert!(sum > 0);
+    assert_eq!(allocations, 0, "decoding allocated");
+}

@@ -2,13 +2,18 @@
 //! killed, and returns to it once it is back. Every peer is a real process: two `ccfleet
 //! server`s and the `ccfleet agent`, on loopback; the dead server is SIGKILLed.
 //!
-//! The two servers share one SQLite registry file. A server loads the registry into memory
-//! when it starts, so the second server is started only after the agent registered with the
-//! first: then both know the agent's instance id, as servers sharing a replicated registry
-//! would. Both read the same configuration tree, so they give the same revision and ETag.
+//! The scenario runs twice: with the two servers on one SQLite registry file, and with
+//! them on one JetStream key-value registry (a real nats-server with JetStream), the
+//! scale-out setup. A server on SQLite loads the registry into memory only when it starts,
+//! so there the second server is started only after the agent registered with the first;
+//! on JetStream both run from the start and the second learns of the registration from
+//! the bucket. Both read the same configuration tree, so they give the same revision and
+//! ETag.
 
 #[path = "support/agent_process.rs"]
 mod agent_process;
+#[path = "../../tests/support/nats.rs"]
+mod nats;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -155,11 +160,13 @@ fn count(lines: &[String], needle: &str) -> usize {
 /// The scenario: the agent registers with server A; server B starts (after the
 /// registration); A is SIGKILLed; the agent goes on with B (heartbeats, a configuration
 /// change) under the same identity; A comes back and the agent returns to it. `registry`
-/// holds the server configuration keys of the shared registry.
-fn failover_scenario(dir: &Path, registry: &Value) {
+/// holds the server configuration keys of the shared registry. With `b_first`, B runs
+/// before the agent registers and has to learn of the registration while it runs.
+fn failover_scenario(dir: &Path, registry: &Value, b_first: bool) {
     let tree: PathBuf = dir.join("tree");
     write_tree(&tree, "10s");
     let (port_a, port_b, metrics) = (free_port(), free_port(), free_port());
+    let mut early_b = b_first.then(|| ServerProcess::start("b", dir, port_b, &tree, registry));
     let server_a = ServerProcess::start("a", dir, port_a, &tree, registry);
 
     let agent_dir = dir.join("agent");
@@ -194,8 +201,11 @@ fn failover_scenario(dir: &Path, registry: &Value) {
         server_a.rest_heartbeats() >= 2.0
     });
 
-    // The second server starts after the registration (it loads the registry at start).
-    let server_b = ServerProcess::start("b", dir, port_b, &tree, registry);
+    // Unless it runs already, the second server starts after the registration (a server on
+    // SQLite loads the registry at start only).
+    let server_b = early_b
+        .take()
+        .unwrap_or_else(|| ServerProcess::start("b", dir, port_b, &tree, registry));
     let killed_at = agent.log().len();
     server_a.kill();
 
@@ -261,5 +271,22 @@ fn failover_scenario(dir: &Path, registry: &Value) {
 fn an_agent_with_two_server_urls_keeps_working_when_the_first_server_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("fleet.db");
-    failover_scenario(dir.path(), &json!({ "db": db }));
+    failover_scenario(dir.path(), &json!({ "db": db }), false);
+}
+
+/// Both servers on one JetStream key-value registry, both running before the agent
+/// registers: the second learns of the registration from the bucket, so the agent's
+/// identity survives the server it registered with.
+#[test]
+fn an_agent_with_two_server_urls_keeps_working_when_the_first_jetstream_server_is_killed() {
+    let nats = nats::NatsServer::start_jetstream();
+    let dir = tempfile::tempdir().unwrap();
+    failover_scenario(
+        dir.path(),
+        &json!({
+            "nats": {"address": nats.url()},
+            "registry": {"type": "jetstream-kv", "bucket": "failover"}
+        }),
+        true,
+    );
 }

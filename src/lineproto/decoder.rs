@@ -56,18 +56,84 @@ pub struct Line<'a> {
     time: Option<i64>,
     default_time: Option<i64>,
     number: usize,
-    first_string: StringSpan,
+    known_tags: KnownTags,
+    known_fields: KnownFields,
 }
 
-/// Where the first string field of a line sits within its field section, so that reading
-/// it (typically the one `event` payload of a fleet message) does not scan it twice.
+/// How many tags, and how many fields, of a line the decoder keeps what it found while
+/// validating them: enough for fleet messages and most metric lines. A line with more has
+/// the rest scanned again when read.
+const KNOWN: usize = 4;
+
+/// Where the first tags of a line end, found while validating it, so that reading them
+/// scans nothing again. Offsets count from the start of the tag section (its first comma).
 #[derive(Debug, Clone, Copy, Default)]
-struct StringSpan {
-    /// Offset of the opening quote; 0 when the line has no string field (a field section
-    /// never starts with a quote).
-    open: usize,
-    close: usize,
-    escaped: bool,
+struct KnownTags {
+    /// How many tags are known (a prefix of the line's tags).
+    count: u8,
+    /// Bit `2k`: the key of tag `k` holds a backslash; bit `2k + 1`: its value does.
+    escaped: u8,
+    key_end: [u32; KNOWN],
+    value_end: [u32; KNOWN],
+}
+
+/// The first fields of a line, found and parsed while validating it, so that reading them
+/// neither scans nor parses them again. Offsets count from the start of the field section.
+#[derive(Debug, Clone, Copy, Default)]
+struct KnownFields {
+    /// How many fields are known (a prefix of the line's fields).
+    count: u8,
+    /// The value's type (`SLOT_*`), and [`KEY_ESCAPED`] when the key holds a backslash.
+    kind: [u8; KNOWN],
+    key_end: [u32; KNOWN],
+    /// Just past the value (past the closing quote of a string).
+    value_end: [u32; KNOWN],
+    /// The number's bits, or the boolean.
+    bits: [u64; KNOWN],
+}
+
+const SLOT_FLOAT: u8 = 0;
+const SLOT_INT: u8 = 1;
+const SLOT_UINT: u8 = 2;
+const SLOT_BOOL: u8 = 3;
+const SLOT_STRING: u8 = 4;
+const SLOT_ESCAPED_STRING: u8 = 5;
+const KEY_ESCAPED: u8 = 0x80;
+
+/// A parsed value as a known field keeps it: type and bits (strings are read from the
+/// input).
+#[inline(always)]
+fn slot(value: FieldValue<'_>) -> (u8, u64) {
+    match value {
+        FieldValue::Float(v) => (SLOT_FLOAT, v.to_bits()),
+        FieldValue::Int(v) => (SLOT_INT, v as u64),
+        FieldValue::Uint(v) => (SLOT_UINT, v),
+        FieldValue::Bool(v) => (SLOT_BOOL, u64::from(v)),
+        FieldValue::String(t) => (
+            if t.has_escapes() {
+                SLOT_ESCAPED_STRING
+            } else {
+                SLOT_STRING
+            },
+            0,
+        ),
+    }
+}
+
+impl KnownFields {
+    /// Keeps a validated field whose key ends at `key_end` and value at `value_end`
+    /// (offsets in the field section), if there is room.
+    #[inline(always)]
+    fn record(&mut self, key_end: usize, value_end: usize, kind: u8, bits: u64) {
+        let k = usize::from(self.count);
+        if k < KNOWN {
+            self.kind[k] = kind;
+            self.key_end[k] = key_end as u32;
+            self.value_end[k] = value_end as u32;
+            self.bits[k] = bits;
+            self.count += 1;
+        }
+    }
 }
 
 /// Why a line failed, and where decoding picks up again: the Go decoder reports the first
@@ -258,6 +324,9 @@ impl<'a> Decoder<'a> {
         i = m_end;
         let tags_start = i;
         i = self.tag_comma(i)?;
+        // Known tags and fields are kept as u32 offsets.
+        let offsets_fit = buf.len() - start <= u32::MAX as usize;
+        let mut known_tags = KnownTags::default();
 
         // Tags, until a space starts the fields.
         loop {
@@ -265,7 +334,7 @@ impl<'a> Decoder<'a> {
                 break;
             }
             let k_start = i;
-            let (k_end, _, k_high) = scan_token(buf, i, &KEY_STOP, b",= ");
+            let (k_end, k_escaped, k_high) = scan_token(buf, i, &KEY_STOP, b",= ");
             if k_high {
                 self.check_utf8(k_start, k_end)?;
             }
@@ -284,13 +353,20 @@ impl<'a> Decoder<'a> {
             }
             i += 1;
             let v_start = i;
-            let (v_end, _, v_high) = scan_token(buf, i, &KEY_STOP, b",= ");
+            let (v_end, v_escaped, v_high) = scan_token(buf, i, &KEY_STOP, b",= ");
             if v_high {
                 self.check_utf8(v_start, v_end)?;
             }
             i = v_end;
             if v_end == v_start {
                 return Err(Failure::new(v_start, DecodeErrorKind::EmptyTagValue, i));
+            }
+            let k = usize::from(known_tags.count);
+            if k < KNOWN && offsets_fit {
+                known_tags.key_end[k] = (k_end - tags_start) as u32;
+                known_tags.value_end[k] = (v_end - tags_start) as u32;
+                known_tags.escaped |= (u8::from(k_escaped) | u8::from(v_escaped) << 1) << (2 * k);
+                known_tags.count += 1;
             }
             if i >= buf.len() {
                 break;
@@ -303,13 +379,13 @@ impl<'a> Decoder<'a> {
         // Fields, then the timestamp or the line end.
         let fields_start = i;
         let mut newlines = 0;
-        let mut first_string = StringSpan::default();
+        let mut known_fields = KnownFields::default();
         let mut time_start = None;
         let fields_end;
         let mut next = 0;
         loop {
             let k_start = i;
-            let (k_end, _, k_high) = scan_token(buf, i, &KEY_STOP, b",= ");
+            let (k_end, k_escaped, k_high) = scan_token(buf, i, &KEY_STOP, b",= ");
             if k_high {
                 self.check_utf8(k_start, k_end)?;
             }
@@ -346,28 +422,26 @@ impl<'a> Decoder<'a> {
                     if end >= buf.len() {
                         return Err(Failure::new(i, DecodeErrorKind::UnterminatedString, end));
                     }
-                    if first_string.open == 0 {
-                        first_string = StringSpan {
-                            open: i - fields_start,
-                            close: end - fields_start,
-                            escaped,
-                        };
-                    }
                     newlines += lines;
                     i = end + 1;
-                    Ok(())
+                    let kind = if escaped {
+                        SLOT_ESCAPED_STRING
+                    } else {
+                        SLOT_STRING
+                    };
+                    Ok((kind, 0))
                 }
                 Some(b'-' | b'.' | b'0'..=b'9')
-                    if let Some((end, _)) = value::parse_plain_number(buf, i) =>
+                    if let Some((end, value)) = value::parse_plain_number(buf, i) =>
                 {
                     i = end;
-                    Ok(())
+                    Ok(slot(value))
                 }
                 Some(b't' | b'T' | b'f' | b'F' | b'-' | b'.' | b'0'..=b'9') => {
                     while i < buf.len() && !FIELD_VALUE_STOP[buf[i] as usize] {
                         i += 1;
                     }
-                    value::parse_unquoted_in(buf, v_start, i).map(|_| ())
+                    value::parse_unquoted_in(buf, v_start, i).map(slot)
                 }
                 Some(b' ' | b',') => {
                     return Err(Failure::new(i, DecodeErrorKind::EmptyFieldValue, i));
@@ -380,25 +454,32 @@ impl<'a> Decoder<'a> {
                 }
             };
             // What follows the value is read before the value is judged.
+            let v_end = i;
+            let mut keep = |(kind, bits): (u8, u64)| {
+                if offsets_fit {
+                    let key_kind = if k_escaped { kind | KEY_ESCAPED } else { kind };
+                    known_fields.record(k_end - fields_start, v_end - fields_start, key_kind, bits);
+                }
+            };
             match buf.get(i) {
                 None => {
-                    value_ok.map_err(|kind| Failure::after_line(v_start, kind, i))?;
+                    keep(value_ok.map_err(|kind| Failure::after_line(v_start, kind, i))?);
                     fields_end = i;
                     next = i;
                     break;
                 }
                 Some(b',') => {
                     i += 1;
-                    value_ok.map_err(|kind| Failure::new(v_start, kind, i))?;
+                    keep(value_ok.map_err(|kind| Failure::new(v_start, kind, i))?);
                 }
                 Some(&b) if is_whitespace(b) => {
                     fields_end = i;
                     i = self.skip_spaces(i);
                     if let Some(end) = self.line_end(i) {
-                        value_ok.map_err(|kind| Failure::after_line(v_start, kind, end))?;
+                        keep(value_ok.map_err(|kind| Failure::after_line(v_start, kind, end))?);
                         next = end;
                     } else {
-                        value_ok.map_err(|kind| Failure::new(v_start, kind, i))?;
+                        keep(value_ok.map_err(|kind| Failure::new(v_start, kind, i))?);
                         time_start = Some(i);
                     }
                     break;
@@ -414,14 +495,34 @@ impl<'a> Decoder<'a> {
         let mut time = None;
         if let Some(t_start) = time_start {
             i = t_start;
-            // Whole words of digits first (a nanosecond timestamp has 19).
-            while let Some(word) = buf.get(i..i + 8) {
-                if !value::all_digits(word) {
+            // The value is built while the digits are found: whole words of digits first
+            // (a nanosecond timestamp has 19), then bytes. Only a timestamp of plain digits
+            // that fit a u64 unchecked (19) is built here; any other (a sign, more digits)
+            // is parsed afterwards.
+            let mut raw = 0u64;
+            let mut words = 0;
+            while words < 2 {
+                let Some(word) = buf.get(i..i + 8) else {
+                    break;
+                };
+                let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+                let n = value::digit_run(word);
+                raw = raw * value::POW10_U64[n] + value::digits_value(word, n);
+                i += n;
+                if n < 8 {
                     break;
                 }
-                i += 8;
+                words += 1;
             }
-            while i < buf.len() && (buf[i].is_ascii_digit() || buf[i] == b'-') {
+            let mut plain = true;
+            while i < buf.len() {
+                match buf[i] {
+                    b @ b'0'..=b'9' if plain && i - t_start < 19 => {
+                        raw = raw * 10 + u64::from(b - b'0');
+                    }
+                    b'0'..=b'9' | b'-' => plain = false,
+                    _ => break,
+                }
                 i += 1;
             }
             let t_end = i;
@@ -452,7 +553,12 @@ impl<'a> Decoder<'a> {
                 }
             }
             if t_end > t_start {
-                let raw = value::parse_int(&buf[t_start..t_end]).map_err(|kind| {
+                let raw = if plain {
+                    i64::try_from(raw).map_err(|_| DecodeErrorKind::OutOfRange)
+                } else {
+                    value::parse_int(&buf[t_start..t_end])
+                };
+                let raw = raw.map_err(|kind| {
                     let kind = match kind {
                         DecodeErrorKind::OutOfRange => DecodeErrorKind::TimestampOutOfRange,
                         _ => DecodeErrorKind::InvalidTimestamp,
@@ -489,7 +595,8 @@ impl<'a> Decoder<'a> {
             time,
             default_time: self.default_time,
             number: self.line_no,
-            first_string,
+            known_tags,
+            known_fields,
         };
         Ok((line, next, newlines))
     }
@@ -595,6 +702,20 @@ fn scan_token(buf: &[u8], mut i: usize, stop: &[bool; 256], escapes: &[u8]) -> (
     }
 }
 
+/// The end of a key or tag value at `i` in a section the decoder validated, which ends at
+/// the first `end` byte (`=` after a key, a comma or the section's end after a tag value)
+/// unless a backslash comes first; then the token scanner takes over. Returns the end and
+/// whether the token holds a backslash.
+#[inline(always)]
+fn validated_token_end(section: &[u8], i: usize, end: u8) -> (usize, bool) {
+    let at = simd::find2(section, i, end, b'\\');
+    if section.get(at) != Some(&b'\\') {
+        return (at, false);
+    }
+    let (at, escaped, _) = scan_token(section, i, &KEY_STOP, b",= ");
+    (at, escaped)
+}
+
 /// Views bytes of a validated line as text.
 #[inline]
 fn as_str(bytes: &[u8]) -> &str {
@@ -612,15 +733,21 @@ impl<'a> Line<'a> {
 
     /// The tags in input order (the decoder neither sorts nor de-duplicates them).
     pub fn tags(&self) -> Tags<'a> {
-        Tags { rest: self.tags }
+        Tags {
+            section: self.tags,
+            pos: 0,
+            index: 0,
+            known: self.known_tags,
+        }
     }
 
     /// The fields in input order; there is always at least one.
     pub fn fields(&self) -> Fields<'a> {
         Fields {
-            rest: self.fields,
-            offset: 0,
-            first_string: self.first_string,
+            section: self.fields,
+            pos: 0,
+            index: 0,
+            known: self.known_fields,
         }
     }
 
@@ -674,20 +801,48 @@ impl std::fmt::Debug for Line<'_> {
 /// The tags of a [`Line`], as `(key, value)` tokens.
 #[derive(Debug, Clone)]
 pub struct Tags<'a> {
-    rest: &'a [u8],
+    /// The line's tag section: `(,key=value)*`, validated.
+    section: &'a [u8],
+    /// Where the next tag's comma is.
+    pos: usize,
+    /// How many tags were read.
+    index: u8,
+    known: KnownTags,
 }
 
 impl<'a> Iterator for Tags<'a> {
     type Item = (Token<'a>, Token<'a>);
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        // The section was validated by the decoder: `(,key=value)*`.
-        let rest = self.rest.strip_prefix(b",")?;
-        let (k_end, k_escaped, _) = scan_token(rest, 0, &KEY_STOP, b",= ");
-        let (v_end, v_escaped, _) = scan_token(rest, k_end + 1, &KEY_STOP, b",= ");
+        let section = self.section;
+        let k = usize::from(self.index);
+        if k < usize::from(self.known.count) {
+            // Found by the decoder: nothing to scan.
+            self.index += 1;
+            let key_end = self.known.key_end[k] as usize;
+            let value_end = self.known.value_end[k] as usize;
+            let escaped = self.known.escaped >> (2 * k);
+            let key = Token::new(
+                as_str(&section[self.pos + 1..key_end]),
+                escaped & 1 != 0,
+                TokenKind::Key,
+            );
+            let value = Token::new(
+                as_str(&section[key_end + 1..value_end]),
+                escaped & 2 != 0,
+                TokenKind::Key,
+            );
+            self.pos = value_end;
+            return Some((key, value));
+        }
+        // Past the known tags, the section is scanned again.
+        let rest = section.get(self.pos..)?.strip_prefix(b",")?;
+        let (k_end, k_escaped) = validated_token_end(rest, 0, b'=');
+        let (v_end, v_escaped) = validated_token_end(rest, k_end + 1, b',');
         let key = Token::new(as_str(&rest[..k_end]), k_escaped, TokenKind::Key);
         let value = Token::new(as_str(&rest[k_end + 1..v_end]), v_escaped, TokenKind::Key);
-        self.rest = &rest[v_end..];
+        self.pos += 1 + v_end;
         Some((key, value))
     }
 }
@@ -695,34 +850,56 @@ impl<'a> Iterator for Tags<'a> {
 /// The fields of a [`Line`], as `(key, value)`.
 #[derive(Debug, Clone)]
 pub struct Fields<'a> {
-    rest: &'a [u8],
-    /// Offset of `rest` within the line's field section.
-    offset: usize,
-    first_string: StringSpan,
+    /// The line's field section: `key=value(,key=value)*`, validated.
+    section: &'a [u8],
+    /// Where the next field's key starts (past the end when there is none).
+    pos: usize,
+    /// How many fields were read.
+    index: u8,
+    known: KnownFields,
 }
 
 impl<'a> Iterator for Fields<'a> {
     type Item = (Token<'a>, FieldValue<'a>);
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        // The section was validated by the decoder: `key=value(,key=value)*`.
-        if self.rest.is_empty() {
-            return None;
+        let section = self.section;
+        let k = usize::from(self.index);
+        if k < usize::from(self.known.count) {
+            // Found and parsed by the decoder: nothing to scan or parse.
+            self.index += 1;
+            let key_end = self.known.key_end[k] as usize;
+            let value_end = self.known.value_end[k] as usize;
+            let kind = self.known.kind[k];
+            let bits = self.known.bits[k];
+            let key = Token::new(
+                as_str(&section[self.pos..key_end]),
+                kind & KEY_ESCAPED != 0,
+                TokenKind::Key,
+            );
+            self.pos = value_end + 1;
+            let value = match kind & !KEY_ESCAPED {
+                SLOT_FLOAT => FieldValue::Float(f64::from_bits(bits)),
+                SLOT_INT => FieldValue::Int(bits as i64),
+                SLOT_UINT => FieldValue::Uint(bits),
+                SLOT_BOOL => FieldValue::Bool(bits != 0),
+                string => value::string_value(
+                    as_str(&section[key_end + 2..value_end - 1]),
+                    string == SLOT_ESCAPED_STRING,
+                ),
+            };
+            return Some((key, value));
         }
-        let rest = self.rest;
-        let (k_end, k_escaped, _) = scan_token(rest, 0, &KEY_STOP, b",= ");
+        // Past the known fields, the section is scanned and parsed again.
+        let rest = section.get(self.pos..).filter(|rest| !rest.is_empty())?;
+        let (k_end, k_escaped) = validated_token_end(rest, 0, b'=');
         let key = Token::new(as_str(&rest[..k_end]), k_escaped, TokenKind::Key);
         let v_start = k_end + 1;
         let (value, end) = if rest.get(v_start) == Some(&b'"') {
-            let known = self.first_string;
-            let (close, escaped) = if known.open != 0 && known.open == self.offset + v_start {
-                (known.close - self.offset, known.escaped)
-            } else {
-                let scan = simd::scan_string(rest, v_start + 1);
-                (scan.close, scan.escaped)
-            };
-            let text = as_str(&rest[v_start + 1..close]);
-            (value::string_value(text, escaped), close + 1)
+            let scan = simd::scan_string(rest, v_start + 1);
+            let text = as_str(&rest[v_start + 1..scan.close]);
+            (value::string_value(text, scan.escaped), scan.close + 1)
         } else if let Some((end, value)) = value::parse_plain_number(rest, v_start) {
             (value, end)
         } else {
@@ -732,8 +909,7 @@ impl<'a> Iterator for Fields<'a> {
             }
             (value::parse_unquoted_in(rest, v_start, end).ok()?, end)
         };
-        self.rest = rest.get(end + 1..).unwrap_or_default();
-        self.offset += end + 1;
+        self.pos += end + 1;
         Some((key, value))
     }
 }
@@ -741,6 +917,188 @@ impl<'a> Iterator for Fields<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tags and fields of a line read from what the decoder kept, and read by scanning
+    /// the sections afresh (as lines with more than `KNOWN` of them are read past those).
+    fn known_and_scanned(line: &Line<'_>) -> [(Vec<String>, Vec<String>); 2] {
+        let read = |tags: Tags<'_>, fields: Fields<'_>| {
+            let tags = tags
+                .map(|(k, v)| {
+                    format!(
+                        "{:?}/{}={:?}/{}",
+                        k.raw(),
+                        k.has_escapes(),
+                        v.raw(),
+                        v.has_escapes()
+                    )
+                })
+                .collect();
+            let fields = fields
+                .map(|(k, v)| {
+                    let v = match v {
+                        FieldValue::Float(f) => format!("float {:#x}", f.to_bits()),
+                        FieldValue::String(t) => {
+                            format!("string {:?}/{}", t.raw(), t.has_escapes())
+                        }
+                        other => format!("{other:?}"),
+                    };
+                    format!("{:?}/{}={v}", k.raw(), k.has_escapes())
+                })
+                .collect();
+            (tags, fields)
+        };
+        let scanned_tags = Tags {
+            known: KnownTags::default(),
+            ..line.tags()
+        };
+        let scanned_fields = Fields {
+            known: KnownFields::default(),
+            ..line.fields()
+        };
+        [
+            read(line.tags(), line.fields()),
+            read(scanned_tags, scanned_fields),
+        ]
+    }
+
+    #[test]
+    fn tags_and_fields_kept_from_validation_read_as_a_fresh_scan_does() {
+        let tags = [
+            "a=b",
+            "k\\ x=v\\,w",
+            "k\\=y=1\\=2",
+            "é=ü",
+            "t=a\\\\b",
+            "a=b",
+        ];
+        let values = [
+            "1",
+            "-1.5",
+            "0.000001",
+            "123456789012345",
+            "1234567890123456",
+            "12345678901234567",
+            "1e3",
+            "-0x1p-2",
+            "1_000",
+            ".5",
+            "1.",
+            "7i",
+            "-9223372036854775808i",
+            "12345678i",
+            "123456789i",
+            "18446744073709551615u",
+            "0u",
+            "t",
+            "TRUE",
+            "false",
+            "F",
+            "\"\"",
+            "\"plain\"",
+            "\"a \\\"quoted\\\" \\\\ one\"",
+            "\"two\nlines\"",
+            "\"é\"",
+            "9",
+        ];
+        let keys = ["f", "f\\ g", "k\\=v", "k\\,", "ключ"];
+        let mut lines = 0;
+        for n_tags in 0..=KNOWN + 2 {
+            for n_fields in 1..=KNOWN + 3 {
+                for (shift, end) in ["", "\n", "\r\n", " 1700000000000000000\n", " -1\r\n", " 17"]
+                    .iter()
+                    .enumerate()
+                {
+                    let mut line = String::from("m\\ x");
+                    for t in 0..n_tags {
+                        line.push(',');
+                        line.push_str(tags[(t + shift) % tags.len()]);
+                    }
+                    line.push(' ');
+                    for f in 0..n_fields {
+                        if f > 0 {
+                            line.push(',');
+                        }
+                        let at = f * 7 + shift * 3 + n_tags + n_fields;
+                        line.push_str(keys[at % keys.len()]);
+                        line.push('=');
+                        line.push_str(values[at % values.len()]);
+                    }
+                    line.push_str(end);
+                    // Twice: the second time after a line ending, or at the end of the input.
+                    let input = if end.ends_with('\n') {
+                        line.repeat(2)
+                    } else {
+                        format!("{line}\n{line}")
+                    };
+                    let decoded: Vec<_> = Decoder::new(input.as_bytes()).collect();
+                    assert_eq!(decoded.len(), 2, "{line:?}");
+                    for got in decoded {
+                        let got = got.unwrap_or_else(|e| panic!("{line:?}: {e}"));
+                        let [known, scanned] = known_and_scanned(&got);
+                        assert_eq!(known, scanned, "{line:?}");
+                        assert_eq!(known.0.len(), n_tags, "{line:?}");
+                        assert_eq!(known.1.len(), n_fields, "{line:?}");
+                        assert_eq!(usize::from(got.known_tags.count), n_tags.min(KNOWN));
+                        assert_eq!(usize::from(got.known_fields.count), n_fields.min(KNOWN));
+                        lines += 1;
+                    }
+                }
+            }
+        }
+        assert!(lines > 400);
+    }
+
+    #[test]
+    fn timestamps_built_while_scanned_agree_with_the_integer_parser() {
+        let mut stamps = vec![
+            "0".to_owned(),
+            "-0".to_owned(),
+            "9223372036854775807".to_owned(),
+            "9223372036854775808".to_owned(),
+            "-9223372036854775808".to_owned(),
+            "-9223372036854775809".to_owned(),
+            "9999999999999999999".to_owned(),
+            "18446744073709551616".to_owned(),
+            "00000000000000000000000001".to_owned(),
+            "1-2".to_owned(),
+            "--1".to_owned(),
+            "12345678-".to_owned(),
+            "-".to_owned(),
+        ];
+        for n in 1..=22 {
+            stamps.push("7".repeat(n));
+            stamps.push(format!("1{}", "0".repeat(n - 1)));
+        }
+        for stamp in stamps {
+            for end in ["", "\n", " \n", "\r\n", " x"] {
+                let input = format!("m f=1 {stamp}{end}");
+                let got = Decoder::new(input.as_bytes()).next().unwrap();
+                if end == " x" {
+                    // What follows is judged before the digits are.
+                    let kind = got.unwrap_err().kind;
+                    assert_eq!(
+                        kind,
+                        DecodeErrorKind::UnexpectedCharacter(b'x'),
+                        "{input:?}"
+                    );
+                    continue;
+                }
+                match (got, parse_int_reference(&stamp)) {
+                    (Ok(line), Ok(v)) => assert_eq!(line.time(), Some(v), "{input:?}"),
+                    (Err(e), Err(kind)) => assert_eq!(e.kind, kind, "{input:?}"),
+                    (got, want) => panic!("{input:?}: {got:?} {want:?}"),
+                }
+            }
+        }
+    }
+
+    /// What a timestamp's digits mean, by the plain integer parser.
+    fn parse_int_reference(stamp: &str) -> Result<i64, DecodeErrorKind> {
+        value::parse_int(stamp.as_bytes()).map_err(|kind| match kind {
+            DecodeErrorKind::OutOfRange => DecodeErrorKind::TimestampOutOfRange,
+            _ => DecodeErrorKind::InvalidTimestamp,
+        })
+    }
 
     #[test]
     fn an_unterminated_string_near_the_end_of_the_input_is_an_error_not_a_panic() {

@@ -27,7 +27,7 @@ use super::plugins::{PluginDir, is_sha256};
 use super::registry::{Registration, Registry};
 use super::roster::RosterNotify;
 use crate::untrusted::Untrusted;
-use crate::wire::{HEADER_CONFIG_REVISION, RegisterResponse, Scope, ServiceType, is_instance_id};
+use crate::wire::{HEADER_CONFIG_REVISION, Scope, ServiceType, is_instance_id};
 
 /// Request bodies larger than this answer 413.
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -47,6 +47,9 @@ pub(crate) struct AppState {
 
 /// Builds the router.
 pub(crate) fn router(state: AppState) -> Router {
+    // Extractors clone the state once per request each: one reference count, not one
+    // per field.
+    let state = Arc::new(state);
     let fleet = Router::new()
         .route("/api/fleet/register/cluster/", post(register_cluster))
         .route("/api/fleet/register/infra/", post(register_infra))
@@ -221,7 +224,7 @@ async fn not_found() -> Response {
 
 /// 200 when the database takes writes and NATS (if configured) is connected, else 503;
 /// the JSON body names each dependency's state.
-async fn healthz(State(state): State<AppState>) -> Response {
+async fn healthz(State(state): State<Arc<AppState>>) -> Response {
     let report = state.health.check().await;
     let status = if report.healthy() {
         StatusCode::OK
@@ -241,7 +244,7 @@ async fn healthz(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-async fn metrics(State(state): State<AppState>) -> Response {
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let text = state.metrics.render(&state.registry.counts());
     (
         [(
@@ -257,7 +260,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
 /// client outside the allowlist) is 401, a valid token without the `api` role 403, as
 /// cc-backend documents it.
 async fn authorize(
-    State(state): State<AppState>,
+    State(state): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
     next: Next,
@@ -315,14 +318,14 @@ struct RegisterBody {
 }
 
 async fn register_cluster(
-    State(state): State<AppState>,
+    State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     register(state, Scope::Cluster, body).await
 }
 
 async fn register_infra(
-    State(state): State<AppState>,
+    State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     register(state, Scope::Infra, body).await
@@ -376,8 +379,22 @@ fn validate(scope: Scope, body: RegisterBody) -> Result<Registration, String> {
     })
 }
 
+/// A registration's answer as cc-backend's `json.NewEncoder` writes it, with the trailing
+/// newline.
+fn register_response_body(instance_id: &str, config_revision: i64) -> Vec<u8> {
+    use std::io::Write;
+    debug_assert!(is_instance_id(instance_id));
+    let mut body = Vec::with_capacity(64 + instance_id.len());
+    writeln!(
+        body,
+        "{{\"instanceId\":\"{instance_id}\",\"configRevision\":{config_revision}}}"
+    )
+    .expect("writing to a Vec");
+    body
+}
+
 async fn register(
-    state: AppState,
+    state: Arc<AppState>,
     scope: Scope,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -393,8 +410,9 @@ async fn register(
     };
     let registration = validate(scope, request).map_err(ApiError::BadRequest)?;
     // Names come from the client: escaped in the log even though validation refuses
-    // control characters, so a future rule change cannot reopen log forging.
-    let label = match scope {
+    // control characters, so a future rule change cannot reopen log forging. Built only
+    // when the line is written: a storm should not pay for lines nobody reads.
+    let label = tracing::enabled!(tracing::Level::INFO).then(|| match scope {
         Scope::Cluster => format!(
             "{}/{}/{}",
             Untrusted(&registration.cluster),
@@ -406,20 +424,19 @@ async fn register(
             registration.service_type.code(),
             Untrusted(&registration.hostname)
         ),
-    };
+    });
     let registered = state
         .registry
         .register(registration)
         .await
         .map_err(|e| ApiError::internal("registering a service", e))?;
-    tracing::info!("fleet: registered {label}");
+    if let Some(label) = label {
+        tracing::info!("fleet: registered {label}");
+    }
     state.roster.notify();
-    let mut body = serde_json::to_vec(&RegisterResponse {
-        instance_id: registered.instance_id,
-        config_revision: registered.config_revision,
-    })
-    .expect("response serializes");
-    body.push(b'\n');
+    // What serde_json writes for a RegisterResponse (the id is 32 hex digits, nothing to
+    // escape), into one buffer of the right size; tests compare the two.
+    let body = register_response_body(&registered.instance_id, registered.config_revision);
     Ok((
         StatusCode::CREATED,
         [(
@@ -432,7 +449,7 @@ async fn register(
 }
 
 async fn heartbeat(
-    State(state): State<AppState>,
+    State(state): State<Arc<AppState>>,
     InstanceId(id): InstanceId,
 ) -> Result<Response, ApiError> {
     let activated = state
@@ -461,7 +478,7 @@ fn etag_matches(if_none_match: &str, revision: &str) -> bool {
 }
 
 async fn config(
-    State(state): State<AppState>,
+    State(state): State<Arc<AppState>>,
     InstanceId(id): InstanceId,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -516,7 +533,7 @@ async fn config(
 }
 
 /// A component of `fleet.plugin-dir` by the SHA-256 of its content, streamed.
-async fn plugin(State(state): State<AppState>, Path(sha256): Path<String>) -> Response {
+async fn plugin(State(state): State<Arc<AppState>>, Path(sha256): Path<String>) -> Response {
     if !is_sha256(&sha256) {
         return error(
             StatusCode::BAD_REQUEST,
@@ -576,7 +593,7 @@ async fn plugin(State(state): State<AppState>, Path(sha256): Path<String>) -> Re
 }
 
 async fn deregister(
-    State(state): State<AppState>,
+    State(state): State<Arc<AppState>>,
     InstanceId(id): InstanceId,
 ) -> Result<Response, ApiError> {
     let changed = state
@@ -594,6 +611,27 @@ async fn deregister(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::RegisterResponse;
+
+    #[test]
+    fn a_registration_answer_is_what_serde_json_writes_for_it() {
+        for (id, revision) in [
+            ("0123456789abcdef0123456789abcdef", 0),
+            ("ffffffffffffffffffffffffffffffff", i64::MAX),
+            ("00000000000000000000000000000000", -1),
+        ] {
+            let mut expected = serde_json::to_vec(&RegisterResponse {
+                instance_id: id.into(),
+                config_revision: revision,
+            })
+            .unwrap();
+            expected.push(b'\n');
+            assert_eq!(
+                String::from_utf8(register_response_body(id, revision)).unwrap(),
+                String::from_utf8(expected).unwrap()
+            );
+        }
+    }
 
     #[test]
     fn etags() {

@@ -171,7 +171,7 @@ const VERIFIED_CACHE_MAX: usize = 4096;
 #[derive(Clone)]
 pub struct Verifier {
     key: VerifyingKey,
-    verified: Arc<Mutex<HashMap<[u8; 32], Claims>>>,
+    verified: Arc<Mutex<HashMap<[u8; 32], Arc<Claims>>>>,
     /// [`VERIFIED_CACHE_MAX`]; smaller in tests.
     capacity: usize,
 }
@@ -225,18 +225,19 @@ impl Verifier {
         }
     }
 
-    fn verified(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Claims>> {
+    fn verified(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Arc<Claims>>> {
         self.verified.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Verifies the signature and the time claims of a compact token and returns its claims.
-    pub fn verify(&self, token: &str) -> Result<Claims, AuthError> {
+    /// Verifies the signature and the time claims of a compact token and returns its claims
+    /// (shared with the cache: a request checks them without copying them).
+    pub fn verify(&self, token: &str) -> Result<Arc<Claims>, AuthError> {
         let digest = token_digest(token);
         let cached = self.verified().get(&digest).cloned();
         let claims = match cached {
             Some(claims) => claims,
             None => {
-                let claims = self.verify_signature(token)?;
+                let claims = Arc::new(self.verify_signature(token)?);
                 let mut verified = self.verified();
                 if verified.len() >= self.capacity {
                     verified.clear();

@@ -153,6 +153,58 @@ pub struct FleetConfig {
     /// Delay that coalesces roster re-publishes after registry changes (ccfleet extension;
     /// cc-backend hard-codes two seconds).
     pub discovery_debounce: Duration,
+    /// `heartbeat-stream`: consume the heartbeat subject through a JetStream stream and a
+    /// shared durable consumer instead of a plain queue subscription (ccfleet extension).
+    pub heartbeat_stream: Option<HeartbeatStreamConfig>,
+}
+
+/// Default name of the heartbeat stream.
+pub const DEFAULT_HEARTBEAT_STREAM: &str = "ccfleet-heartbeats";
+/// Default name of the durable consumer every server shares.
+pub const DEFAULT_HEARTBEAT_CONSUMER: &str = "ccfleet-server";
+/// Default age after which JetStream discards an unconsumed heartbeat.
+pub const DEFAULT_HEARTBEAT_STREAM_MAX_AGE: Duration = Duration::from_secs(3600);
+/// Default size bound of the heartbeat stream (the oldest heartbeats go first).
+pub const DEFAULT_HEARTBEAT_STREAM_MAX_BYTES: i64 = 1 << 30;
+/// Default time JetStream waits for an acknowledgement before it redelivers a heartbeat.
+pub const DEFAULT_HEARTBEAT_ACK_WAIT: Duration = Duration::from_secs(30);
+/// Shortest `heartbeat-stream.ack-wait`: a batch is held for up to a second before it is
+/// applied, so a shorter wait would redeliver messages that are still being handled.
+pub const MIN_HEARTBEAT_ACK_WAIT: Duration = Duration::from_secs(5);
+
+/// The `fleet.heartbeat-stream` section: `{"name", "consumer", "replicas", "max-age",
+/// "max-bytes", "ack-wait"}`, every key optional.
+///
+/// The server makes sure a stream with this name captures `heartbeat-subject` (agents keep
+/// publishing plain NATS messages; JetStream stores them) and reads it through the durable
+/// pull consumer `consumer`, acknowledging a message only once its heartbeats are applied
+/// to the registry. Servers configured with the same names share the consumer, so each
+/// heartbeat is applied by one of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatStreamConfig {
+    /// Stream name (`[A-Za-z0-9_-]+`).
+    pub name: String,
+    /// Durable consumer name (`[A-Za-z0-9_-]+`), shared by every server.
+    pub consumer: String,
+    /// Stream replicas in a JetStream cluster (1 to 5).
+    pub replicas: usize,
+    /// Unconsumed heartbeats older than this are discarded by JetStream.
+    pub max_age: Duration,
+    /// Size bound of the stream in bytes; when full, the oldest heartbeats are discarded.
+    pub max_bytes: i64,
+    /// Time JetStream waits for an acknowledgement before it redelivers a message.
+    pub ack_wait: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawHeartbeatStream {
+    name: Option<String>,
+    consumer: Option<String>,
+    replicas: Option<i64>,
+    max_age: Option<String>,
+    max_bytes: Option<i64>,
+    ack_wait: Option<String>,
 }
 
 impl Default for FleetConfig {
@@ -169,6 +221,7 @@ impl Default for FleetConfig {
             discovery_subject_prefix: crate::wire::DEFAULT_DISCOVERY_PREFIX.to_owned(),
             discovery_interval: DEFAULT_DISCOVERY_INTERVAL,
             discovery_debounce: DEFAULT_DISCOVERY_DEBOUNCE,
+            heartbeat_stream: None,
         }
     }
 }
@@ -211,6 +264,7 @@ struct RawFleet {
     discovery_subject_prefix: Option<String>,
     discovery_interval: Option<String>,
     discovery_debounce: Option<String>,
+    heartbeat_stream: Option<RawHeartbeatStream>,
 }
 
 fn duration_or_default(key: &str, raw: Option<&str>, default: Duration) -> Duration {
@@ -288,6 +342,13 @@ impl ServerConfig {
                 "fleet.discovery-subject-prefix must be NATS subject tokens joined by '.' (at most 1024 bytes, no empty token, wildcard, whitespace or control character)",
             ));
         }
+        let heartbeat_stream = heartbeat_stream_config(
+            f.heartbeat_stream,
+            f.heartbeat_subject
+                .as_deref()
+                .is_some_and(|s| !s.is_empty()),
+            raw.nats.is_some(),
+        )?;
         let fleet = FleetConfig {
             config_dir: f.config_dir.filter(|p| !p.as_os_str().is_empty()),
             plugin_dir: f.plugin_dir.filter(|p| !p.as_os_str().is_empty()),
@@ -323,6 +384,7 @@ impl ServerConfig {
                 f.discovery_debounce.as_deref(),
                 DEFAULT_DISCOVERY_DEBOUNCE,
             ),
+            heartbeat_stream,
         };
         let max_connections = match raw.http_max_connections {
             None => DEFAULT_HTTP_MAX_CONNECTIONS,
@@ -369,6 +431,87 @@ impl ServerConfig {
             registry,
         })
     }
+}
+
+fn heartbeat_stream_config(
+    raw: Option<RawHeartbeatStream>,
+    has_subject: bool,
+    has_nats: bool,
+) -> Result<Option<HeartbeatStreamConfig>, ServerError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    if !has_subject {
+        return Err(ServerError::InvalidConfig(
+            "fleet.heartbeat-stream needs fleet.heartbeat-subject (the subject the stream captures)",
+        ));
+    }
+    if !has_nats {
+        return Err(ServerError::InvalidConfig(
+            "fleet.heartbeat-stream needs a nats connection",
+        ));
+    }
+    let is_name = super::registry::jetstream::is_bucket_name;
+    let name = raw
+        .name
+        .unwrap_or_else(|| DEFAULT_HEARTBEAT_STREAM.to_owned());
+    if !is_name(&name) {
+        return Err(ServerError::InvalidConfig(
+            "fleet.heartbeat-stream.name must be letters, digits, '-' and '_'",
+        ));
+    }
+    let consumer = raw
+        .consumer
+        .unwrap_or_else(|| DEFAULT_HEARTBEAT_CONSUMER.to_owned());
+    if !is_name(&consumer) {
+        return Err(ServerError::InvalidConfig(
+            "fleet.heartbeat-stream.consumer must be letters, digits, '-' and '_'",
+        ));
+    }
+    let replicas = match raw.replicas {
+        None => 1,
+        Some(n @ 1..=5) => n as usize,
+        Some(_) => {
+            return Err(ServerError::InvalidConfig(
+                "fleet.heartbeat-stream.replicas must be between 1 and 5",
+            ));
+        }
+    };
+    let max_age = match raw.max_age.as_deref().map(crate::duration::parse) {
+        None => DEFAULT_HEARTBEAT_STREAM_MAX_AGE,
+        Some(Ok(d)) if d >= Duration::from_secs(1) => d,
+        Some(_) => {
+            return Err(ServerError::InvalidConfig(
+                "fleet.heartbeat-stream.max-age must be a duration of at least 1s (e.g. \"1h\")",
+            ));
+        }
+    };
+    let max_bytes = match raw.max_bytes {
+        None => DEFAULT_HEARTBEAT_STREAM_MAX_BYTES,
+        Some(n) if n >= 1 << 20 => n,
+        Some(_) => {
+            return Err(ServerError::InvalidConfig(
+                "fleet.heartbeat-stream.max-bytes must be at least 1048576 (1 MiB, the largest NATS message by default)",
+            ));
+        }
+    };
+    let ack_wait = match raw.ack_wait.as_deref().map(crate::duration::parse) {
+        None => DEFAULT_HEARTBEAT_ACK_WAIT,
+        Some(Ok(d)) if d >= MIN_HEARTBEAT_ACK_WAIT => d,
+        Some(_) => {
+            return Err(ServerError::InvalidConfig(
+                "fleet.heartbeat-stream.ack-wait must be a duration of at least 5s (e.g. \"30s\")",
+            ));
+        }
+    };
+    Ok(Some(HeartbeatStreamConfig {
+        name,
+        consumer,
+        replicas,
+        max_age,
+        max_bytes,
+        ack_wait,
+    }))
 }
 
 fn registry_config(
@@ -618,6 +761,90 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn the_heartbeat_stream_section_is_parsed_and_bad_values_are_refused_by_name() {
+        let base = r#""nats": {"address": "nats://127.0.0.1:4222"}"#;
+        let c = ServerConfig::from_json(&format!(
+            r#"{{{base}, "fleet": {{"heartbeat-subject": "hb", "heartbeat-stream": {{}}}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(
+            c.fleet.heartbeat_stream,
+            Some(HeartbeatStreamConfig {
+                name: DEFAULT_HEARTBEAT_STREAM.to_owned(),
+                consumer: DEFAULT_HEARTBEAT_CONSUMER.to_owned(),
+                replicas: 1,
+                max_age: DEFAULT_HEARTBEAT_STREAM_MAX_AGE,
+                max_bytes: DEFAULT_HEARTBEAT_STREAM_MAX_BYTES,
+                ack_wait: DEFAULT_HEARTBEAT_ACK_WAIT,
+            })
+        );
+        let c = ServerConfig::from_json(&format!(
+            r#"{{{base}, "fleet": {{"heartbeat-subject": "hb", "heartbeat-stream": {{"name": "hb_1",
+            "consumer": "site-a", "replicas": 3, "max-age": "10m", "max-bytes": 2097152, "ack-wait": "1m"}}}}}}"#
+        ))
+        .unwrap();
+        let s = c.fleet.heartbeat_stream.unwrap();
+        assert_eq!(
+            (s.name.as_str(), s.consumer.as_str(), s.replicas),
+            ("hb_1", "site-a", 3)
+        );
+        assert_eq!(
+            (s.max_age, s.max_bytes, s.ack_wait),
+            (Duration::from_secs(600), 2_097_152, Duration::from_secs(60))
+        );
+        assert!(
+            ServerConfig::from_json("{}")
+                .unwrap()
+                .fleet
+                .heartbeat_stream
+                .is_none()
+        );
+        let refused = [
+            (
+                r#""heartbeat-subject": "hb", "heartbeat-stream": {"name": "a.b"}"#,
+                "heartbeat-stream.name",
+            ),
+            (
+                r#""heartbeat-subject": "hb", "heartbeat-stream": {"consumer": ""}"#,
+                "heartbeat-stream.consumer",
+            ),
+            (
+                r#""heartbeat-subject": "hb", "heartbeat-stream": {"replicas": 0}"#,
+                "heartbeat-stream.replicas",
+            ),
+            (
+                r#""heartbeat-subject": "hb", "heartbeat-stream": {"max-age": "soon"}"#,
+                "heartbeat-stream.max-age",
+            ),
+            (
+                r#""heartbeat-subject": "hb", "heartbeat-stream": {"max-bytes": 1000}"#,
+                "heartbeat-stream.max-bytes",
+            ),
+            (
+                r#""heartbeat-subject": "hb", "heartbeat-stream": {"ack-wait": "1s"}"#,
+                "heartbeat-stream.ack-wait",
+            ),
+            (
+                r#""heartbeat-subject": "hb", "heartbeat-stream": {"bogus": 1}"#,
+                "bogus",
+            ),
+            (r#""heartbeat-stream": {}"#, "needs fleet.heartbeat-subject"),
+        ];
+        for (fleet, needle) in refused {
+            let e = ServerConfig::from_json(&format!(r#"{{{base}, "fleet": {{{fleet}}}}}"#))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(needle), "{fleet}: {e}");
+        }
+        let e = ServerConfig::from_json(
+            r#"{"fleet": {"heartbeat-subject": "hb", "heartbeat-stream": {}}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("needs a nats connection"), "{e}");
     }
 
     #[test]

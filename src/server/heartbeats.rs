@@ -9,7 +9,10 @@
 //! The flusher coalesces them per instance id (last wins) and applies them in one
 //! transaction each second or once 512 distinct ids are pending. Queues between the stages
 //! are bounded and apply back-pressure; when the consumer falls behind, async-nats drops
-//! messages at the subscription and reports them, which is counted as `dropped`.
+//! messages at the subscription and reports each drop through its event queue, which is
+//! counted as `dropped`. That queue is bounded too and sheds reports in a large burst, so
+//! the count is a lower bound: a sign of overload, not an exact loss figure (the opt-in
+//! heartbeat stream loses nothing instead).
 //! Subscriptions are re-established by async-nats after a reconnect, so the consumer
 //! outlives nats-server restarts.
 //!
@@ -51,9 +54,9 @@ const DECODER_QUEUE: usize = 64;
 const FLUSH_QUEUE: usize = 64;
 
 /// Accepted heartbeats of one message, all received at `at` (Unix seconds).
-struct Beats {
-    ids: Vec<u128>,
-    at: i64,
+pub(super) struct Beats {
+    pub(super) ids: Vec<u128>,
+    pub(super) at: i64,
 }
 
 /// Everything the consumer needs from the server.
@@ -178,10 +181,10 @@ async fn read_loop(
 /// Logs the first caught panic in full; later ones are counted and summarised, so a message
 /// that panics repeatedly cannot flood the log.
 #[derive(Clone, Default)]
-struct PanicLog(Arc<AtomicBool>);
+pub(super) struct PanicLog(Arc<AtomicBool>);
 
 impl PanicLog {
-    fn caught(&self, metrics: &Metrics, what: &str, panic: &(dyn std::any::Any + Send)) {
+    pub(super) fn caught(&self, metrics: &Metrics, what: &str, panic: &(dyn std::any::Any + Send)) {
         Metrics::add(&metrics.nats_message_panics, 1);
         let message = panic
             .downcast_ref::<&str>()
@@ -202,7 +205,7 @@ impl PanicLog {
 
 /// Decodes one message the way cc-backend does, counts its lines by outcome and returns the
 /// ids of its accepted heartbeats.
-fn decode_message(payload: &[u8], metrics: &Metrics) -> Vec<u128> {
+pub(super) fn decode_message(payload: &[u8], metrics: &Metrics) -> Vec<u128> {
     let started = Instant::now();
     let mut ids = Vec::new();
     let (mut malformed, mut rejected, mut ignored) = (0u64, 0u64, 0u64);
@@ -340,7 +343,7 @@ async fn flush_loop(
                     tracing::warn!("NATS fleet: {rejected} rejected message(s) in the last {period}");
                 }
                 if dropped > 0 {
-                    tracing::warn!("NATS fleet: dropped {dropped} heartbeat message(s) in the last {period}: the consumer cannot keep up (raise heartbeat-concurrency or add servers to the queue group)");
+                    tracing::warn!("NATS fleet: dropped at least {dropped} heartbeat message(s) in the last {period}: the consumer cannot keep up (raise heartbeat-concurrency or add servers to the queue group)");
                 }
                 reported = now;
             }
@@ -348,7 +351,7 @@ async fn flush_loop(
     }
 }
 
-fn merge(pending: &mut HashMap<u128, (i64, u64)>, beats: Beats) {
+pub(super) fn merge(pending: &mut HashMap<u128, (i64, u64)>, beats: Beats) {
     for id in beats.ids {
         let slot = pending.entry(id).or_insert((beats.at, 0));
         slot.0 = slot.0.max(beats.at);
@@ -356,14 +359,15 @@ fn merge(pending: &mut HashMap<u128, (i64, u64)>, beats: Beats) {
     }
 }
 
-async fn flush(
+/// Applies and empties `pending`; false when the registry refused the batch (logged).
+pub(super) async fn flush(
     pending: &mut HashMap<u128, (i64, u64)>,
     registry: &Registry,
     metrics: &Metrics,
     roster: &RosterNotify,
-) {
+) -> bool {
     if pending.is_empty() {
-        return;
+        return true;
     }
     let mut beats = Vec::with_capacity(pending.len());
     let mut counts = Vec::with_capacity(pending.len());
@@ -386,10 +390,12 @@ async fn flush(
             if outcome.activated > 0 {
                 roster.notify();
             }
+            true
         }
         Err(e) => {
             let lost: u64 = counts.iter().sum();
             tracing::error!("NATS fleet: applying {lost} heartbeat(s) failed: {e}");
+            false
         }
     }
 }

@@ -58,6 +58,16 @@ pub struct Metrics {
     pub refused_role: AtomicU64,
     /// State-changing API requests refused as cross-site (403).
     pub refused_cross_site: AtomicU64,
+    /// Heartbeat stream messages delivered again (an earlier delivery was not acknowledged).
+    pub stream_redelivered: AtomicU64,
+    /// Heartbeat stream batches whose apply failed; their messages were handed back for
+    /// redelivery.
+    pub stream_failed_batches: AtomicU64,
+    /// Heartbeat stream messages terminated (never redelivered) because decoding panicked.
+    pub stream_terminated: AtomicU64,
+    /// Messages waiting in the heartbeat stream for the shared consumer, as of the latest
+    /// delivery (a gauge).
+    pub stream_pending: AtomicU64,
 }
 
 /// A consistent-enough copy of the heartbeat counters.
@@ -81,6 +91,10 @@ pub struct HeartbeatStats {
     pub decode_nanos: u64,
     /// Messages (or batches) whose handling panicked and was skipped.
     pub panics: u64,
+    /// Heartbeat stream messages delivered again.
+    pub stream_redelivered: u64,
+    /// Heartbeat stream batches whose apply failed and were handed back.
+    pub stream_failed_batches: u64,
 }
 
 fn get(c: &AtomicU64) -> u64 {
@@ -136,6 +150,8 @@ impl Metrics {
             ignored: get(&self.heartbeats_ignored),
             decode_nanos: get(&self.decode_nanos),
             panics: get(&self.nats_message_panics),
+            stream_redelivered: get(&self.stream_redelivered),
+            stream_failed_batches: get(&self.stream_failed_batches),
         }
     }
 
@@ -186,7 +202,7 @@ impl Metrics {
             "# HELP ccfleet_heartbeat_messages_total NATS heartbeat messages received.\n\
              # TYPE ccfleet_heartbeat_messages_total counter\n\
              ccfleet_heartbeat_messages_total {}\n\
-             # HELP ccfleet_heartbeat_messages_dropped_total NATS heartbeat messages dropped under overload.\n\
+             # HELP ccfleet_heartbeat_messages_dropped_total NATS heartbeat messages dropped under overload (a lower bound: the NATS client sheds drop reports in large bursts).\n\
              # TYPE ccfleet_heartbeat_messages_dropped_total counter\n\
              ccfleet_heartbeat_messages_dropped_total {}\n\
              # HELP ccfleet_heartbeat_decode_seconds_total Time spent decoding heartbeat messages.\n\
@@ -261,6 +277,25 @@ impl Metrics {
             get(&self.nats_message_panics),
             get(&self.http_panics),
         );
+        let _ = write!(
+            out,
+            "# HELP ccfleet_heartbeat_stream_redelivered_total Heartbeat stream messages delivered again after an unacknowledged delivery.\n\
+             # TYPE ccfleet_heartbeat_stream_redelivered_total counter\n\
+             ccfleet_heartbeat_stream_redelivered_total {}\n\
+             # HELP ccfleet_heartbeat_stream_failed_batches_total Heartbeat stream batches not applied and handed back for redelivery.\n\
+             # TYPE ccfleet_heartbeat_stream_failed_batches_total counter\n\
+             ccfleet_heartbeat_stream_failed_batches_total {}\n\
+             # HELP ccfleet_heartbeat_stream_terminated_total Heartbeat stream messages dropped for good because their handling panicked.\n\
+             # TYPE ccfleet_heartbeat_stream_terminated_total counter\n\
+             ccfleet_heartbeat_stream_terminated_total {}\n\
+             # HELP ccfleet_heartbeat_stream_pending Heartbeat stream messages waiting for the consumer at the latest delivery.\n\
+             # TYPE ccfleet_heartbeat_stream_pending gauge\n\
+             ccfleet_heartbeat_stream_pending {}\n",
+            get(&self.stream_redelivered),
+            get(&self.stream_failed_batches),
+            get(&self.stream_terminated),
+            get(&self.stream_pending),
+        );
         out
     }
 }
@@ -301,6 +336,8 @@ mod tests {
         );
         assert!(text.contains("ccfleet_roster_publish_errors_total 3\n"));
         assert!(text.contains("ccfleet_message_panics_total{source=\"nats\"} 0\n"));
+        assert!(text.contains("ccfleet_heartbeat_stream_failed_batches_total 0\n"));
+        assert!(text.contains("ccfleet_heartbeat_stream_pending 0\n"));
         assert!(text.starts_with(&format!(
             "# HELP ccfleet_build_info The running ccfleet build (always 1).\n\
              # TYPE ccfleet_build_info gauge\n\

@@ -25,6 +25,7 @@ pub mod config;
 pub mod configtree;
 mod error;
 mod health;
+mod heartbeat_stream;
 mod heartbeats;
 mod http;
 mod layer;
@@ -42,7 +43,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use config::{FleetConfig, HttpLimits, NatsConfig, RegistryConfig, ServerConfig};
+pub use config::{
+    FleetConfig, HeartbeatStreamConfig, HttpLimits, NatsConfig, RegistryConfig, ServerConfig,
+};
 pub use error::{AuthError, RegistryError, RegistryErrorKind, ServerError, TreeError};
 pub use heartbeats::QUEUE_GROUP;
 pub use metrics::HeartbeatStats;
@@ -383,8 +386,24 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         source,
     })?;
 
-    let consumer = match (&nats, &fleet.heartbeat_subject) {
-        (Some(client), Some(subject)) => Some(
+    let consumer = match (&nats, &fleet.heartbeat_subject, &fleet.heartbeat_stream) {
+        (Some(client), Some(subject), Some(stream)) => Some(
+            heartbeat_stream::spawn(
+                client,
+                subject,
+                stream,
+                // Half the subscription's capacity: a pull never overflows it.
+                fleet.heartbeat_pending_messages / 2,
+                heartbeats::ConsumerContext {
+                    registry: registry.clone(),
+                    metrics: metrics.clone(),
+                    roster: roster_notify.clone(),
+                    shutdown: shutdown_rx.clone(),
+                },
+            )
+            .await?,
+        ),
+        (Some(client), Some(subject), None) => Some(
             heartbeats::spawn(
                 client,
                 subject,
@@ -398,13 +417,13 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             )
             .await?,
         ),
-        (None, Some(_)) => {
+        (None, Some(_), _) => {
             tracing::warn!(
                 "fleet: heartbeat-subject is set but no nats is configured; heartbeats only over REST"
             );
             None
         }
-        (_, None) => None,
+        (_, None, _) => None,
     };
     if let Some(client) = &nats {
         // A round trip makes sure the subscription is in place before start() returns, so

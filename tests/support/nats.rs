@@ -95,6 +95,11 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// The process id of the running server (benches read its CPU time).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The port, stable across restarts.
     pub fn port(&self) -> u16 {
         self.port
@@ -174,6 +179,32 @@ impl NatsServer {
             port: free_port(),
             child: None,
             config: None,
+            extra: vec![
+                "-js".to_owned(),
+                "-sd".to_owned(),
+                store.path().display().to_string(),
+            ],
+            store: Some(store),
+        };
+        server.restart();
+        server
+    }
+}
+
+impl NatsServer {
+    /// [`NatsServer::start_jetstream`] with a configuration file holding `config` as well,
+    /// e.g. a `jetstream { max_buffered_msgs: ... }` block (the store directory comes from
+    /// the command line).
+    pub fn start_jetstream_with_config(config: &str) -> Self {
+        let dir = tempfile::tempdir().expect("a directory for the nats-server config");
+        let path = dir.path().join("nats-server.conf");
+        std::fs::write(&path, config).expect("write the nats-server config");
+        let store = tempfile::tempdir().expect("a JetStream store directory");
+        let mut server = NatsServer {
+            binary: nats_server_binary(),
+            port: free_port(),
+            child: None,
+            config: Some((dir, path)),
             extra: vec![
                 "-js".to_owned(),
                 "-sd".to_owned(),

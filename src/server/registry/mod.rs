@@ -23,6 +23,7 @@
 mod index;
 pub mod jetstream;
 mod sqlite;
+mod sqlite_last_seen;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -241,8 +242,10 @@ pub trait RegistryStore: Send {
     /// then key, with each key once.
     fn heartbeats(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError>;
 
-    /// Sets `last_heartbeat = at` for each `(key, at)`, sorted by `at`, then key, with each
-    /// key once; the state stays (last-seen times written behind).
+    /// Records the last-seen time `at` for each `(key, at)`, sorted by `at`, then key, with
+    /// each key once; the state stays (last-seen times written behind). A later
+    /// [`load`](RegistryStore::load) answers the later of it and the time of the latest
+    /// state change as `last_heartbeat`.
     fn last_seen(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError>;
 
     /// Sets the state `deregistered`.

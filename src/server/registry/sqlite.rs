@@ -1,4 +1,5 @@
-//! The SQLite backend: cc-backend's `service` table.
+//! The SQLite backend: cc-backend's `service` table, and last-seen times written behind in
+//! a compact table of their own ([`sqlite_last_seen`]).
 //!
 //! Every method is one explicit transaction that takes the write lock at once; its
 //! statements are stepped to completion and the commit is checked, so an error, including
@@ -16,7 +17,7 @@ use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior, params};
 
 use super::{
     Registration, RegistryStore, Service, State, StoredService, Upserted, parse_instance_id,
-    unix_seconds,
+    sqlite_last_seen, unix_seconds,
 };
 use crate::server::error::{RegistryError, RegistryErrorKind};
 use crate::wire::{Scope, ServiceType};
@@ -40,6 +41,13 @@ const UPDATE_CHUNK: usize = 256;
 /// unique. Files created with the index keep it (it is only slower). Rows are appended in
 /// key order, and the (cluster, hostname, type) index grows at the end of each cluster
 /// when host names are sequential, as after a cluster reboot.
+///
+/// cc-backend's indexes on `cluster` alone and on `scope` are dropped, in old files too:
+/// the server never reads through them, the unique (cluster, hostname, type) index starts
+/// with the cluster and serves every query the first could, and a scope has two values.
+/// Keeping them cost every group commit a rewrite of one more page per cluster
+/// registering, and each registration two more index entries: about a third of the bytes
+/// a registration storm wrote.
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS "service" (
     id INTEGER PRIMARY KEY,
@@ -55,8 +63,8 @@ CREATE TABLE IF NOT EXISTS "service" (
     meta_data TEXT,
     UNIQUE (cluster, hostname, service_type)
 );
-CREATE INDEX IF NOT EXISTS services_cluster ON service (cluster);
-CREATE INDEX IF NOT EXISTS services_scope ON service (scope);
+DROP INDEX IF EXISTS services_cluster;
+DROP INDEX IF EXISTS services_scope;
 CREATE INDEX IF NOT EXISTS services_state_heartbeat ON service (state, last_heartbeat);
 CREATE TABLE IF NOT EXISTS ccfleet_health (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -118,6 +126,7 @@ impl SqliteStore {
         };
         conn.busy_timeout(Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        sqlite_last_seen::create_table(&conn)?;
         Ok(SqliteStore { conn })
     }
 
@@ -208,6 +217,7 @@ impl RegistryStore for SqliteStore {
 
     fn load_each(&mut self, each: &mut dyn FnMut(StoredService)) -> Result<usize, RegistryError> {
         let mut count = 0;
+        let last_seen = sqlite_last_seen::LastSeen::load(&self.conn)?;
         let mut stmt = self.conn.prepare(
             "SELECT id, cluster, hostname, service_type, instance_id, scope, state, \
              registered_at, last_heartbeat, config_revision, meta_data FROM service",
@@ -236,8 +246,9 @@ impl RegistryStore for SqliteStore {
                 }),
             };
             count += 1;
+            let key = row.get(0)?;
             each(StoredService {
-                key: row.get(0)?,
+                key,
                 instance,
                 service: Service {
                     scope,
@@ -246,7 +257,8 @@ impl RegistryStore for SqliteStore {
                     service_type,
                     state,
                     registered_at: row.get(7)?,
-                    last_heartbeat: row.get(8)?,
+                    // The later of the state change's time and the written-behind one.
+                    last_heartbeat: row.get::<_, Option<i64>>(8)?.max(last_seen.get(key)),
                     config_revision: row.get(9)?,
                     meta: Arc::new(meta),
                 },
@@ -313,7 +325,7 @@ impl RegistryStore for SqliteStore {
     }
 
     fn last_seen(&mut self, writes: &[(i64, i64)]) -> Result<(), RegistryError> {
-        self.set_times(writes, "last_heartbeat = ?1")
+        self.write(|tx| sqlite_last_seen::write(tx, writes))
     }
 
     fn deregister(&mut self, key: i64) -> Result<(), RegistryError> {
@@ -462,6 +474,307 @@ mod tests {
         let reopened = Registry::open(Some(&path)).unwrap();
         assert!(reopened.lookup(&first.instance_id).is_none());
         assert!(reopened.lookup(&second.instance_id).is_some());
+    }
+
+    fn registration(n: usize) -> Registration {
+        Registration {
+            scope: Scope::Cluster,
+            cluster: format!("c{}", n % 16),
+            hostname: format!("h{n:05}"),
+            service_type: ServiceType::MetricCollector,
+            meta: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_flush_of_last_seen_times_writes_a_few_bytes_per_instance() {
+        const N: usize = 4000;
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(Some(&dir.path().join("fleet.sqlite"))).unwrap();
+        let mut keys = Vec::with_capacity(N);
+        for wave in 0..N / 1000 {
+            let batch: Vec<(Registration, String)> = (wave * 1000..(wave + 1) * 1000)
+                .map(|n| {
+                    (
+                        registration(n),
+                        super::super::format_instance_id(n as u128 + 1),
+                    )
+                })
+                .collect();
+            keys.extend(
+                store
+                    .register_batch(&batch, 50)
+                    .unwrap()
+                    .iter()
+                    .map(|u| u.key),
+            );
+        }
+        let at = |t: i64| keys.iter().map(|&k| (k, t)).collect::<Vec<_>>();
+        store.heartbeats(&at(100)).unwrap();
+        store.last_seen(&at(110)).unwrap();
+        let frames = |store: &SqliteStore, mode: &str| -> i64 {
+            store
+                .connection()
+                .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
+                    row.get(1)
+                })
+                .unwrap()
+        };
+        frames(&store, "TRUNCATE");
+        // The steady state: every instance's time moves on once per flush.
+        store.last_seen(&at(120)).unwrap();
+        let wal_bytes = frames(&store, "PASSIVE") * (PAGE_SIZE + 24);
+        let per_instance = wal_bytes / N as i64;
+        // About 8.5 bytes each (a 1 KiB page per 120 instances); rewriting the wide rows
+        // and their (state, last_heartbeat) index entries took 100.
+        assert!(per_instance <= 12, "{per_instance} WAL bytes per instance");
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.len(), N);
+        assert!(loaded.iter().all(|s| s.service.last_heartbeat == Some(120)));
+
+        // A flush of some times keeps the others of their chunks.
+        store
+            .last_seen(&[(keys[5], 130), (keys[250], 140)])
+            .unwrap();
+        let times: BTreeMap<i64, Option<i64>> = store
+            .load()
+            .unwrap()
+            .iter()
+            .map(|s| (s.key, s.service.last_heartbeat))
+            .collect();
+        assert_eq!(times[&keys[4]], Some(120));
+        assert_eq!(times[&keys[5]], Some(130));
+        assert_eq!(times[&keys[6]], Some(120));
+        assert_eq!(times[&keys[250]], Some(140));
+    }
+
+    #[test]
+    fn last_seen_times_of_any_row_id_are_kept_and_go_with_their_row() {
+        let mut store = SqliteStore::open(None).unwrap();
+        let insert = |store: &SqliteStore, id: i64| {
+            store
+                .connection()
+                .execute(
+                    "INSERT INTO service (id, cluster, hostname, service_type, instance_id, \
+                     state, registered_at) VALUES (?1, 'c', ?2, ?3, ?4, 'active', 50)",
+                    params![
+                        id,
+                        format!("h{id}"),
+                        ServiceType::MetricCollector.code(),
+                        super::super::format_instance_id(id.unsigned_abs().into())
+                    ],
+                )
+                .unwrap();
+        };
+        let ids = [-121, -120, -1, 0, 1, 119, 120, 1 << 40];
+        for id in ids {
+            insert(&store, id);
+        }
+        let writes: Vec<(i64, i64)> = ids.iter().map(|&id| (id, 1000 + id % 1000)).collect();
+        store.last_seen(&writes).unwrap();
+        let times = |store: &mut SqliteStore| -> BTreeMap<i64, Option<i64>> {
+            store
+                .load()
+                .unwrap()
+                .iter()
+                .map(|s| (s.key, s.service.last_heartbeat))
+                .collect()
+        };
+        let expected: BTreeMap<i64, Option<i64>> =
+            writes.iter().map(|&(id, at)| (id, Some(at))).collect();
+        assert_eq!(times(&mut store), expected);
+
+        // Deleted by another tool and inserted again under the same id: no inherited time.
+        for id in [-1, 119] {
+            store
+                .connection()
+                .execute("DELETE FROM service WHERE id = ?1", [id])
+                .unwrap();
+            insert(&store, id);
+        }
+        let now = times(&mut store);
+        assert_eq!((now[&-1], now[&119]), (None, None));
+        assert_eq!(
+            (now[&-120], now[&0], now[&120]),
+            (Some(880), Some(1000), Some(1120))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_file_made_before_the_last_seen_table_opens_with_its_times_and_flushes_into_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.sqlite");
+        let id = "3f1c9a2b7d4e6f8a0b1c2d3e4f5a6b7c";
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        conn.execute(
+            "INSERT INTO service (cluster, hostname, service_type, instance_id, scope, state, \
+             registered_at, last_heartbeat) VALUES ('c', 'h', ?1, ?2, 'cluster', 'active', 50, 100)",
+            params![ServiceType::MetricCollector.code(), id],
+        )
+        .unwrap();
+        let instance = parse_instance_id(id).unwrap();
+        let column =
+            |sql: &str| -> Option<i64> { conn.query_row(sql, [], |row| row.get(0)).unwrap() };
+
+        let r = Registry::open(Some(&path)).unwrap();
+        assert_eq!(r.lookup(id).unwrap().last_heartbeat, Some(100));
+        assert_eq!(
+            r.heartbeat_batch(vec![(instance, 200)])
+                .await
+                .unwrap()
+                .activated,
+            0
+        );
+        assert_eq!(r.flush_last_seen().await.unwrap(), 1);
+        // The row keeps the time of its latest state change; the flush wrote its chunk.
+        assert_eq!(column("SELECT last_heartbeat FROM service"), Some(100));
+        assert_eq!(
+            column("SELECT length(times) FROM ccfleet_last_seen"),
+            Some(960)
+        );
+        let reopened = Registry::open(Some(&path)).unwrap();
+        assert_eq!(reopened.lookup(id).unwrap().last_heartbeat, Some(200));
+        drop(reopened);
+
+        // A state change later than the written-behind time wins at the next start.
+        assert_eq!(r.mark_stale(300).await.unwrap(), 1);
+        assert_eq!(
+            r.heartbeat_batch(vec![(instance, 310)])
+                .await
+                .unwrap()
+                .activated,
+            1
+        );
+        drop(r);
+        let svc = Registry::open(Some(&path)).unwrap().lookup(id).unwrap();
+        assert_eq!((svc.state, svc.last_heartbeat), (State::Active, Some(310)));
+    }
+
+    /// The names of the indexes on `service`.
+    fn service_indexes(conn: &Connection) -> Vec<String> {
+        conn.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'service'")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_file_with_the_cluster_and_scope_indexes_loses_them_and_keeps_its_rows_and_unique_key()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.sqlite");
+        // cc-backend's layout, as earlier versions created it: both dropped indexes present.
+        let old = SCHEMA
+            .replace(
+                "DROP INDEX IF EXISTS services_cluster;",
+                "CREATE INDEX IF NOT EXISTS services_cluster ON service (cluster);",
+            )
+            .replace(
+                "DROP INDEX IF EXISTS services_scope;",
+                "CREATE INDEX IF NOT EXISTS services_scope ON service (scope);",
+            )
+            .replace(
+                "UNIQUE (cluster, hostname, service_type)",
+                "UNIQUE (cluster, hostname, service_type),\n    UNIQUE (instance_id)",
+            );
+        assert!(old.contains("ON service (cluster)") && old.contains("ON service (scope)"));
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(&old).unwrap();
+            conn.execute_batch(
+                "INSERT INTO service (cluster, hostname, service_type, instance_id, state, \
+                 registered_at, last_heartbeat, config_revision, meta_data) VALUES \
+                 ('c', 'h1', 'ccmc', '0123456789abcdef0123456789abcdef', 'active', 10, 20, 7, '{\"rack\":\"r1\"}'), \
+                 ('c', 'h2', 'ccmc', 'fedcba9876543210fedcba9876543210', 'pending', 11, NULL, 0, NULL)",
+            )
+            .unwrap();
+            let indexes = service_indexes(&conn);
+            assert!(
+                indexes.contains(&"services_cluster".to_owned()),
+                "{indexes:?}"
+            );
+            assert!(
+                indexes.contains(&"services_scope".to_owned()),
+                "{indexes:?}"
+            );
+        }
+        let r = Registry::open(Some(&path)).unwrap();
+        let kept = r.lookup("0123456789abcdef0123456789abcdef").unwrap();
+        assert_eq!((kept.hostname.as_str(), kept.state), ("h1", State::Active));
+        assert_eq!(kept.last_heartbeat, Some(20));
+        assert_eq!(kept.meta.get("rack").map(String::as_str), Some("r1"));
+        assert!(r.lookup("fedcba9876543210fedcba9876543210").is_some());
+        // Re-registering a member of the old file keeps its one row and its revision.
+        let reg = Registration {
+            scope: Scope::Cluster,
+            cluster: "c".into(),
+            hostname: "h1".into(),
+            service_type: ServiceType::MetricCollector,
+            meta: BTreeMap::new(),
+        };
+        let again = r.register(reg.clone()).await.unwrap();
+        assert_eq!(again.config_revision, 7);
+        let twice = r.register(reg).await.unwrap();
+        assert_ne!(again.instance_id, twice.instance_id);
+        assert!(r.lookup("0123456789abcdef0123456789abcdef").is_none());
+        drop(r);
+        let conn = Connection::open(&path).unwrap();
+        let indexes = service_indexes(&conn);
+        assert!(
+            !indexes.contains(&"services_cluster".to_owned()),
+            "{indexes:?}"
+        );
+        assert!(
+            !indexes.contains(&"services_scope".to_owned()),
+            "{indexes:?}"
+        );
+        assert!(
+            indexes.contains(&"services_state_heartbeat".to_owned()),
+            "{indexes:?}"
+        );
+        let rows: i64 = conn
+            .query_row("SELECT count(*) FROM service", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(rows, 2, "one member, one row");
+        // The unique key still holds in the file itself.
+        let duplicate = conn.execute(
+            "INSERT INTO service (cluster, hostname, service_type, instance_id, registered_at) \
+             VALUES ('c', 'h1', 'ccmc', 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', 12)",
+            [],
+        );
+        assert!(
+            duplicate.is_err(),
+            "a second row for one member was accepted"
+        );
+        drop(conn);
+        let reopened = Registry::open(Some(&path)).unwrap();
+        assert!(reopened.lookup(&twice.instance_id).is_some());
+        assert_eq!(reopened.counts().active + reopened.counts().pending, 2);
+    }
+
+    #[test]
+    fn a_new_file_has_no_index_on_the_cluster_alone_nor_on_the_scope() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(Some(&dir.path().join("fleet.sqlite"))).unwrap();
+        let indexes = service_indexes(store.connection());
+        assert!(
+            !indexes.contains(&"services_cluster".to_owned()),
+            "{indexes:?}"
+        );
+        assert!(
+            !indexes.contains(&"services_scope".to_owned()),
+            "{indexes:?}"
+        );
+        // The unique key (an automatic index) serves lookups by cluster instead.
+        assert!(
+            indexes
+                .iter()
+                .any(|name| name.starts_with("sqlite_autoindex_service")),
+            "{indexes:?}"
+        );
     }
 
     #[test]

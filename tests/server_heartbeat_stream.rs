@@ -1,0 +1,308 @@
+//! The opt-in JetStream heartbeat consumer (`fleet.heartbeat-stream`) against a real
+//! nats-server with JetStream: nothing published while servers are down or while the
+//! registry fails is lost, and servers sharing the stream apply each heartbeat once.
+#![cfg(feature = "server")]
+
+#[path = "support/nats.rs"]
+mod nats;
+mod server_common;
+
+use std::time::Duration;
+
+use ccfleet::server::RunningServer;
+use ccfleet::server::registry::{Registration, Registry, State};
+use ccfleet::wire::{Scope, ServiceType, encode_heartbeat, now_ns};
+use nats::NatsServer;
+use serde_json::{Value, json};
+use server_common::{eventually, start};
+
+const SUBJECT: &str = "cc.fleet.event";
+
+fn config(nats: &NatsServer, extra: Value) -> Value {
+    let mut config = json!({
+        "disable-authentication": true,
+        "nats": {"address": nats.url()},
+        "fleet": {"heartbeat-subject": SUBJECT, "heartbeat-stream": {"ack-wait": "5s"}},
+    });
+    for (key, value) in extra.as_object().unwrap() {
+        config[key] = value.clone();
+    }
+    config
+}
+
+async fn register(registry: &Registry, host: &str) -> String {
+    registry
+        .register(Registration {
+            scope: Scope::Infra,
+            cluster: String::new(),
+            hostname: host.to_owned(),
+            service_type: ServiceType::MetricStore,
+            meta: Default::default(),
+        })
+        .await
+        .unwrap()
+        .instance_id
+}
+
+/// Publishes one plain (core NATS) heartbeat message per id, as agents do.
+async fn publish(url: &str, ids: &[String]) {
+    let publisher = async_nats::connect(url).await.unwrap();
+    for id in ids {
+        let payload = encode_heartbeat(now_ns(), &[id.as_str()]).unwrap();
+        publisher.publish(SUBJECT, payload.into()).await.unwrap();
+    }
+    publisher.flush().await.unwrap();
+}
+
+fn state(server: &RunningServer, id: &str) -> State {
+    server.registry().lookup(id).unwrap().state
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_published_while_no_server_runs_are_applied_when_one_starts_again() {
+    let nats = NatsServer::start_jetstream();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(&nats, json!({"db": dir.path().join("fleet.sqlite")}));
+    let first = start(config.clone()).await;
+    let mut ids = Vec::new();
+    for i in 0..50 {
+        ids.push(register(first.registry(), &format!("m{i:02}")).await);
+    }
+    first.shutdown().await.unwrap();
+
+    // Nobody subscribes now: a plain subscription would never see these.
+    publish(&nats.url(), &ids).await;
+
+    let second = start(config).await;
+    eventually(
+        "every heartbeat published during the downtime applied",
+        Duration::from_secs(20),
+        || async { second.heartbeat_stats().applied == ids.len() as u64 },
+    )
+    .await;
+    for id in &ids {
+        assert_eq!(state(&second, id), State::Active, "{id}");
+    }
+    let stats = second.heartbeat_stats();
+    assert_eq!(
+        (stats.messages, stats.unknown, stats.dropped),
+        (50, 0, 0),
+        "{stats:?}"
+    );
+    second.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_a_crashed_server_held_unacknowledged_are_applied_by_the_next_one() {
+    let nats = NatsServer::start_jetstream();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fleet.sqlite");
+    let json = config(&nats, json!({"db": db}));
+    // The first server runs on a runtime of its own, so it can be stopped dead: no
+    // graceful apply, no acknowledgement.
+    let first_json = json.clone();
+    let (runtime, first) = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = runtime.block_on(start(first_json));
+        (runtime, server)
+    })
+    .join()
+    .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(register(first.registry(), &format!("m{i:02}")).await);
+    }
+    // The activation writes wait for this lock, so the server holds the messages when it dies.
+    let blocker = rusqlite::Connection::open(&db).unwrap();
+    blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    publish(&nats.url(), &ids).await;
+    eventually(
+        "the first server holding every message",
+        Duration::from_secs(20),
+        || async { first.heartbeat_stats().messages == ids.len() as u64 },
+    )
+    .await;
+    runtime.shutdown_background();
+    drop(first);
+    blocker.execute_batch("COMMIT").unwrap();
+    drop(blocker);
+
+    let second = start(json).await;
+    eventually(
+        "the held messages delivered again after ack-wait and applied",
+        Duration::from_secs(30),
+        || async { second.heartbeat_stats().applied == ids.len() as u64 },
+    )
+    .await;
+    let stats = second.heartbeat_stats();
+    assert_eq!(stats.stream_redelivered, ids.len() as u64, "{stats:?}");
+    for id in &ids {
+        assert_eq!(state(&second, id), State::Active, "{id}");
+    }
+    second.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumer_carries_on_after_nats_server_restarts() {
+    let mut nats = NatsServer::start_jetstream();
+    let server = start(config(&nats, json!({}))).await;
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(register(server.registry(), &format!("m{i:02}")).await);
+    }
+    publish(&nats.url(), &ids[..5]).await;
+    eventually(
+        "the heartbeats before the restart applied",
+        Duration::from_secs(20),
+        || async { server.heartbeat_stats().applied == 5 },
+    )
+    .await;
+    // The stream and the consumer are on disk; the server's pull resumes after reconnecting.
+    nats.kill();
+    nats.restart();
+    publish(&nats.url(), &ids[5..]).await;
+    eventually(
+        "the heartbeats after the restart applied",
+        Duration::from_secs(60),
+        || async { server.heartbeat_stats().applied == 10 },
+    )
+    .await;
+    for id in &ids {
+        assert_eq!(state(&server, id), State::Active, "{id}");
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_the_registry_refuses_is_redelivered_and_applied_once_the_fault_is_gone() {
+    let nats = NatsServer::start_jetstream();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fleet.sqlite");
+    let mut json = config(&nats, json!({"db": db}));
+    // Longer than the whole test: only the refusal (nak) can bring the message back.
+    json["fleet"]["heartbeat-stream"]["ack-wait"] = json!("5m");
+    let server = start(json).await;
+    let id = register(server.registry(), "m01").await;
+    assert_eq!(state(&server, &id), State::Pending);
+
+    // Another writer holds the database's write lock: the heartbeat's pending -> active
+    // write fails once SQLite's busy timeout runs out.
+    let blocker = rusqlite::Connection::open(&db).unwrap();
+    blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    publish(&nats.url(), std::slice::from_ref(&id)).await;
+    eventually(
+        "the batch refused by the locked registry",
+        Duration::from_secs(30),
+        || async { server.heartbeat_stats().stream_failed_batches >= 1 },
+    )
+    .await;
+    assert_eq!(state(&server, &id), State::Pending);
+
+    blocker.execute_batch("COMMIT").unwrap();
+    drop(blocker);
+    eventually(
+        "the redelivered heartbeat applied",
+        Duration::from_secs(30),
+        || async { state(&server, &id) == State::Active },
+    )
+    .await;
+    let stats = server.heartbeat_stats();
+    assert!(stats.stream_redelivered >= 1, "{stats:?}");
+    assert!(stats.applied >= 1, "{stats:?}");
+    server.shutdown().await.unwrap();
+    // What was applied is stored.
+    let reopened = Registry::open(Some(&db)).unwrap();
+    assert_eq!(reopened.lookup(&id).unwrap().state, State::Active);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_sharing_the_stream_apply_each_heartbeat_once() {
+    let nats = NatsServer::start_jetstream();
+    let shared =
+        json!({"registry": {"type": "jetstream-kv", "bucket": "shared", "lease-ttl": "1s"}});
+    let one = start(config(&nats, shared.clone())).await;
+    let two = start(config(&nats, shared)).await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(register(one.registry(), &format!("m{i:02}")).await);
+    }
+    // Five heartbeats per instance, in as many messages.
+    let messages: Vec<String> = (0..5).flat_map(|_| ids.iter().cloned()).collect();
+    publish(&nats.url(), &messages).await;
+
+    let total = || {
+        let (a, b) = (one.heartbeat_stats(), two.heartbeat_stats());
+        (
+            a.applied + b.applied,
+            a.messages + b.messages,
+            a.unknown + b.unknown,
+        )
+    };
+    eventually(
+        "every heartbeat applied by one of the servers",
+        Duration::from_secs(20),
+        || async { total().0 >= messages.len() as u64 },
+    )
+    .await;
+    // Anything delivered twice would show up within an ack-wait.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        total(),
+        (messages.len() as u64, messages.len() as u64, 0),
+        "one: {:?}, two: {:?}",
+        one.heartbeat_stats(),
+        two.heartbeat_stats()
+    );
+    for id in &ids {
+        assert_eq!(state(&two, id), State::Active, "{id}");
+    }
+    one.shutdown().await.unwrap();
+    two.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_that_name_without_the_heartbeat_subject_is_refused_at_start_by_name() {
+    let nats = NatsServer::start_jetstream();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    async_nats::jetstream::new(client)
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "taken".to_owned(),
+            subjects: vec!["other.subject".to_owned()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut json = config(&nats, json!({"addr": "127.0.0.1:0"}));
+    json["fleet"]["heartbeat-stream"] = json!({"name": "taken"});
+    let parsed = ccfleet::server::ServerConfig::from_json(&json.to_string()).unwrap();
+    let e = ccfleet::server::start(parsed)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("fleet.heartbeat-stream")
+            && e.contains("\"taken\"")
+            && e.contains("does not capture")
+            && e.contains(SUBJECT),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_stream_on_a_nats_server_without_jetstream_fails_start_up_by_name() {
+    let nats = NatsServer::start();
+    let json = config(&nats, json!({"addr": "127.0.0.1:0"}));
+    let parsed = ccfleet::server::ServerConfig::from_json(&json.to_string()).unwrap();
+    let e = ccfleet::server::start(parsed)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("fleet.heartbeat-stream") && e.contains("creating stream"),
+        "{e}"
+    );
+}
