@@ -3,6 +3,11 @@
 //! run natively on the same fixture, once reading with `std::fs` and once through the host's
 //! own file checks (`FileGrants`, what the component's reads go through).
 //!
+//! Both sides do the whole job: the native runs, like the component's call, end with the
+//! round's points encoded as line protocol (tags sorted, the call's time stamp), and before
+//! measuring, the bench checks that the native code and the component produce the very same
+//! bytes for the same round.
+//!
 //! Run with `cargo bench -p ccfleet-host --bench collectors`; the plugins are built from
 //! guest/ first, as in the tests. The fixtures are those of `tests/collectors.rs`; for the
 //! collectors that report deltas, the round's file is swapped between calls (outside the
@@ -14,9 +19,10 @@ mod guests;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ccfleet::lineproto::{Encoder, FieldRef};
 use ccfleet_collectors::{
-    Collector, Common, Files, FsStats, Runner, cpufreq, cpustat, diskstat, iostat, loadavg,
-    memstat, netstat, numastats, tempstat,
+    Collector, Common, Files, FsStats, Runner, Sample, Value, cpufreq, cpustat, diskstat, iostat,
+    loadavg, memstat, netstat, numastats, tempstat,
 };
 use ccfleet_host::plugin::Instance;
 use ccfleet_host::plugin::files::FileGrants;
@@ -230,12 +236,67 @@ impl Swapper {
     }
 }
 
+/// Empties the sink, as the agent's sink task would; returns the number of points.
 fn drain(rx: &mut BatchReceiver) -> usize {
     let mut points = 0;
     while let Ok(batch) = rx.try_recv() {
         points += batch.points;
     }
     points
+}
+
+/// Empties the sink, returning the lines.
+fn drain_lines(rx: &mut BatchReceiver) -> Vec<u8> {
+    let mut lines = Vec::new();
+    while let Ok(batch) = rx.try_recv() {
+        lines.extend_from_slice(&batch.lines);
+    }
+    lines
+}
+
+/// A native collector and what the host does with a plugin's points: one round's samples,
+/// encoded as line protocol the way the host encodes an emitted batch.
+struct Native<C> {
+    runner: Runner<C>,
+    encoder: Encoder,
+    order: Vec<usize>,
+}
+
+impl<C: Collector> Native<C> {
+    fn new(common: Common, collector: C) -> Self {
+        Native {
+            runner: Runner::new(common, collector),
+            encoder: Encoder::new(),
+            order: Vec::new(),
+        }
+    }
+
+    fn collect(&mut self, files: &mut dyn Files, now_ns: i64) -> Vec<u8> {
+        let samples = self.runner.collect(files, now_ns).unwrap();
+        self.encoder.clear();
+        for sample in &samples {
+            self.encode(sample, now_ns);
+        }
+        self.encoder.take()
+    }
+
+    fn encode(&mut self, sample: &Sample, now_ns: i64) {
+        let enc = &mut self.encoder;
+        enc.start_line(&sample.name).unwrap();
+        let tags = &sample.tags;
+        self.order.clear();
+        self.order.extend(0..tags.len());
+        self.order.sort_by(|&a, &b| tags[a].0.cmp(&tags[b].0));
+        for &i in &self.order {
+            enc.add_tag(&tags[i].0, &tags[i].1).unwrap();
+        }
+        let value = match sample.value {
+            Value::Float(v) => FieldRef::Float(v),
+            Value::Int(v) => FieldRef::Int(v),
+        };
+        enc.add_field("value", value).unwrap();
+        enc.end_line(Some(now_ns)).unwrap();
+    }
 }
 
 fn bench_collectors(c: &mut Criterion) {
@@ -276,51 +337,61 @@ fn bench_collectors(c: &mut Criterion) {
             file: case.swapped,
             round: 1,
         };
+        let mut native = Native::new(common.clone(), Boxed((case.native)()));
+        let mut files = DirFiles(root.path().to_path_buf());
+        let mut checked = Native::new(common, Boxed((case.native)()));
+        let patterns: Vec<String> = case.grants.iter().map(|g| (*g).to_owned()).collect();
+        let mut granted =
+            GrantedFiles(FileGrants::new(&patterns, Some(root.path()), 4 << 20).unwrap());
+
         let mut now = 1_700_000_000_000_000_000i64;
-        // Two rounds first, so rates exist; every call must emit.
-        for _ in 0..2 {
+        // Two rounds first, so rates exist; in the second, all three must send the same
+        // lines, and something.
+        for round in 0..2 {
             swap.next();
             now += 10_000_000_000;
             assert_eq!(tokio.block_on(instance.collect(now)), Ok(Ok(())));
+            let component = drain_lines(&mut rx);
+            let direct = native.collect(&mut files, now);
+            let through_grants = checked.collect(&mut granted, now);
+            if round == 1 {
+                assert!(!component.is_empty(), "{} emits", case.name);
+                assert_eq!(
+                    String::from_utf8_lossy(&direct),
+                    String::from_utf8_lossy(&component),
+                    "{}: the native code and the component send different lines",
+                    case.name
+                );
+                assert_eq!(direct, through_grants);
+            }
         }
-        let emitted = drain(&mut rx);
-        assert!(emitted > 0, "{} emits", case.name);
         group.bench_function(format!("{}/component", case.name), |b| {
             b.iter_batched(
                 || swap.next(),
                 |()| {
                     now += 10_000_000_000;
                     let outcome = tokio.block_on(instance.collect(now));
-                    drain(&mut rx);
-                    outcome
+                    (outcome, drain(&mut rx))
                 },
                 BatchSize::PerIteration,
             )
         });
-
-        let mut native = Runner::new(common.clone(), Boxed((case.native)()));
-        let mut files = DirFiles(root.path().to_path_buf());
         group.bench_function(format!("{}/native", case.name), |b| {
             b.iter_batched(
                 || swap.next(),
                 |()| {
                     now += 10_000_000_000;
-                    native.collect(&mut files, now).unwrap()
+                    native.collect(&mut files, now)
                 },
                 BatchSize::PerIteration,
             )
         });
-
-        let mut checked = Runner::new(common, Boxed((case.native)()));
-        let patterns: Vec<String> = case.grants.iter().map(|g| (*g).to_owned()).collect();
-        let mut granted =
-            GrantedFiles(FileGrants::new(&patterns, Some(root.path()), 4 << 20).unwrap());
         group.bench_function(format!("{}/native-checked-files", case.name), |b| {
             b.iter_batched(
                 || swap.next(),
                 |()| {
                     now += 10_000_000_000;
-                    checked.collect(&mut granted, now).unwrap()
+                    checked.collect(&mut granted, now)
                 },
                 BatchSize::PerIteration,
             )

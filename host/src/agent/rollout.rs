@@ -346,17 +346,17 @@ impl Rollout {
             let mut running: BTreeMap<String, Running> = BTreeMap::new();
             let mut failed: BTreeMap<String, Wanted> = BTreeMap::new();
             let mut current = first;
-            let mut retry = tokio::time::interval(self.retry_interval);
-            retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut open = true;
             loop {
                 // A stop ends a rollout midway: the half-started version is dropped (and so
                 // stopped) with the future.
-                tokio::select! {
+                let retry = tokio::select! {
                     biased;
                     _ = stop.changed() => break,
-                    () = self.apply(&current, &mut running, &mut failed) => {}
-                }
+                    retry = self.apply(&current, &mut running, &mut failed) => retry,
+                };
+                // Only a failed download needs the timer: otherwise nothing changes until the
+                // next configuration, and an idle agent does not wake for it.
                 tokio::select! {
                     biased;
                     _ = stop.changed() => break,
@@ -364,7 +364,7 @@ impl Rollout {
                         Some(update) => current = update.config,
                         None => open = false,
                     },
-                    _ = retry.tick() => {}
+                    () = tokio::time::sleep(self.retry_interval), if retry => {}
                 }
             }
             for (_, plugin) in std::mem::take(&mut running) {
@@ -373,12 +373,14 @@ impl Rollout {
         })
     }
 
+    /// Brings the running fleet plugins to what `config` names. Returns whether a download
+    /// failed, so the rollout must be tried again after `retry_interval`.
     async fn apply(
         &self,
         config: &Option<String>,
         running: &mut BTreeMap<String, Running>,
         failed: &mut BTreeMap<String, Wanted>,
-    ) {
+    ) -> bool {
         let dir = &self.fetcher.dir;
         let config = match config
             .as_deref()
@@ -390,7 +392,7 @@ impl Rollout {
                 tracing::warn!(
                     "the fleet configuration is not JSON; keeping the running fleet plugins"
                 );
-                return;
+                return false;
             }
         };
         let wanted = match wanted(&config, dir) {
@@ -400,7 +402,7 @@ impl Rollout {
                     "the fleet configuration's plugins are invalid; keeping the running ones: {}",
                     Untrusted(&why).capped(500)
                 );
-                return;
+                return false;
             }
         };
         let names: BTreeSet<&str> = wanted.iter().map(|w| w.name.as_str()).collect();
@@ -417,6 +419,7 @@ impl Rollout {
             self.publish(running);
         }
         failed.retain(|name, _| names.contains(name.as_str()));
+        let mut retry = false;
         for want in wanted {
             let name = want.name.clone();
             let shown = Untrusted(&name).capped(100).to_string();
@@ -439,6 +442,7 @@ impl Rollout {
             if let Err(error) = self.fetcher.fetch(&want.sha256).await {
                 tracing::warn!(plugin = %shown, sha256 = %want.sha256, "cannot roll out the plugin ({keeping}): {error}");
                 self.count(&name, error.result());
+                retry = true;
                 continue;
             }
             match self.start(&want).await {
@@ -465,6 +469,7 @@ impl Rollout {
                 }
             }
         }
+        retry
     }
 
     /// Starts `want` and waits until it runs; on failure it is stopped again.

@@ -1,33 +1,193 @@
 //! The emit path: a plugin's points become one batch of line protocol, checked against the
 //! plugin's limits, or nothing.
+//!
+//! The batch is encoded straight from the plugin's memory ([`Emitter::encode_from`]): the
+//! points' texts are read in place, not copied into host strings first, and the byte limit
+//! bounds what the host does before any point is looked at.
+
+use std::borrow::Cow;
 
 use ccfleet::lineproto::{Encoder, FieldRef};
 use ccfleet::untrusted::Untrusted;
+use wasmtime::StoreContextMut;
+use wasmtime::component::{ComponentType, Lift, WasmList, WasmStr};
 
 use super::sink::SinkHandle;
+use super::state::HostState;
+#[cfg(test)]
 use crate::plugin::types::{FieldValue, Point};
 
-/// Emit-path state: the reusable encoder and the limits of one batch.
+/// `cc:fleet/types.point` as a view into the plugin's memory: lifting it copies no text.
+#[derive(ComponentType, Lift)]
+#[component(record)]
+pub(crate) struct PointView {
+    measurement: WasmStr,
+    tags: WasmList<(WasmStr, WasmStr)>,
+    fields: WasmList<(WasmStr, FieldView)>,
+    #[component(name = "time-ns")]
+    time_ns: Option<i64>,
+}
+
+/// `cc:fleet/types.field-value`, its text as a view.
+#[derive(ComponentType, Lift)]
+#[component(variant)]
+pub(crate) enum FieldView {
+    #[component(name = "float")]
+    Float(f64),
+    #[component(name = "int")]
+    Int(i64),
+    #[component(name = "uint")]
+    Uint(u64),
+    #[component(name = "boolean")]
+    Boolean(bool),
+    #[component(name = "text")]
+    Text(WasmStr),
+}
+
+/// A field value with its text borrowed.
+enum Value<S> {
+    Float(f64),
+    Int(i64),
+    Uint(u64),
+    Boolean(bool),
+    Text(S),
+}
+
+impl<S: AsRef<str>> Value<S> {
+    fn as_field(&self) -> FieldRef<'_> {
+        match self {
+            Value::Float(v) => FieldRef::Float(*v),
+            Value::Int(v) => FieldRef::Int(*v),
+            Value::Uint(v) => FieldRef::Uint(*v),
+            Value::Boolean(v) => FieldRef::Bool(*v),
+            Value::Text(v) => FieldRef::Str(v.as_ref()),
+        }
+    }
+
+    fn text_len(&self) -> usize {
+        match self {
+            Value::Text(v) => v.as_ref().len(),
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+impl<'a> Value<&'a str> {
+    fn of(value: &'a FieldValue) -> Self {
+        match value {
+            FieldValue::Float(v) => Value::Float(*v),
+            FieldValue::Int(v) => Value::Int(*v),
+            FieldValue::Uint(v) => Value::Uint(*v),
+            FieldValue::Boolean(v) => Value::Boolean(*v),
+            FieldValue::Text(v) => Value::Text(v.as_str()),
+        }
+    }
+}
+
+/// Emit-path state: the limits of one batch and the writer, with its reusable encoder.
 pub(crate) struct Emitter {
-    encoder: Encoder,
-    order: Vec<usize>,
+    writer: Writer,
     max_points: usize,
-    max_bytes: usize,
     pub(crate) sink: SinkHandle,
+}
+
+/// Encodes one batch under the byte limit.
+#[derive(Default)]
+struct Writer {
+    encoder: Encoder,
+    max_bytes: usize,
+}
+
+impl Writer {
+    /// The message for a batch over the byte limit; the batch so far is dropped.
+    fn too_large(&mut self) -> String {
+        self.encoder.clear();
+        format!(
+            "batch exceeds this plugin's limit of {} bytes",
+            self.max_bytes
+        )
+    }
+
+    /// Room left in the batch, in bytes.
+    fn room(&self) -> usize {
+        self.max_bytes.saturating_sub(self.encoder.len())
+    }
+
+    /// Appends point `index`; on failure the batch so far is dropped and the error is the
+    /// message the plugin sees.
+    fn point<K: AsRef<str>, V: AsRef<str>, F: AsRef<str>, T: AsRef<str>>(
+        &mut self,
+        index: usize,
+        measurement: &str,
+        tags: &mut [(K, V)],
+        fields: &[(F, Value<T>)],
+        time_ns: i64,
+    ) -> Result<(), String> {
+        let written = self.line(measurement, tags, fields, time_ns);
+        if let Err(e) = written {
+            self.encoder.clear();
+            return Err(format!(
+                "point {index} ({}): {e}",
+                Untrusted(measurement).capped(64)
+            ));
+        }
+        if self.encoder.len() > self.max_bytes {
+            return Err(self.too_large());
+        }
+        Ok(())
+    }
+
+    fn line<K: AsRef<str>, V: AsRef<str>, F: AsRef<str>, T: AsRef<str>>(
+        &mut self,
+        measurement: &str,
+        tags: &mut [(K, V)],
+        fields: &[(F, Value<T>)],
+        time_ns: i64,
+    ) -> Result<(), String> {
+        let enc = &mut self.encoder;
+        if fields.is_empty() {
+            return Err("a point needs at least one field".to_owned());
+        }
+        enc.start_line(measurement).map_err(|e| e.to_string())?;
+        // Line protocol wants tags sorted by key (as cc-metric-store's writers produce them);
+        // plugins usually send them sorted already. The sort is stable, so repeated keys
+        // keep their order (and the encoder refuses them).
+        if !tags.is_sorted_by(|a, b| a.0.as_ref() <= b.0.as_ref()) {
+            tags.sort_by(|a, b| a.0.as_ref().cmp(b.0.as_ref()));
+        }
+        for (key, value) in tags.iter() {
+            enc.add_tag(key.as_ref(), value.as_ref())
+                .map_err(|e| e.to_string())?;
+        }
+        for (key, value) in fields {
+            enc.add_field(key.as_ref(), value.as_field())
+                .map_err(|e| e.to_string())?;
+        }
+        enc.end_line(Some(time_ns)).map_err(|e| e.to_string())
+    }
+
+    /// The encoded batch; the encoder keeps an allocation of its size for the next one.
+    fn finish(&mut self) -> Vec<u8> {
+        let lines = self.encoder.take();
+        self.encoder.reserve(lines.len());
+        lines
+    }
 }
 
 impl Emitter {
     pub fn new(sink: SinkHandle, max_points: usize, max_bytes: usize) -> Self {
         Emitter {
-            encoder: Encoder::new(),
-            order: Vec::new(),
+            writer: Writer {
+                encoder: Encoder::new(),
+                max_bytes,
+            },
             max_points,
-            max_bytes,
             sink,
         }
     }
 
-    /// Checks the number of points, before anything of the batch is copied to the host.
+    /// Checks the number of points, before anything of the batch is looked at.
     pub fn check_count(&self, points: usize) -> Result<(), String> {
         if points > self.max_points {
             return Err(format!(
@@ -38,78 +198,120 @@ impl Emitter {
         Ok(())
     }
 
-    /// What copying a batch to the host may allocate (wasmtime's host-call fuel, roughly
-    /// bytes): twice the encoded limit leaves room for the records around the text.
-    pub fn lift_budget(&self) -> usize {
-        self.max_bytes.saturating_mul(2)
-    }
-
-    /// The message for a batch whose copy ran past [`Emitter::lift_budget`].
-    pub fn too_large(&self) -> String {
-        format!(
-            "batch exceeds this plugin's limit of {} bytes",
-            self.max_bytes
-        )
-    }
-
     /// Encodes the whole batch or nothing; `Err` is the message the plugin sees.
+    #[cfg(test)]
     pub fn encode(&mut self, points: &[Point], now_ns: i64) -> Result<Vec<u8>, String> {
         self.check_count(points.len())?;
-        self.encoder.clear();
+        let writer = &mut self.writer;
+        writer.encoder.clear();
         for (index, point) in points.iter().enumerate() {
-            self.encode_point(point, now_ns).map_err(|e| {
-                self.encoder.clear();
-                format!(
-                    "point {index} ({}): {e}",
-                    Untrusted(&point.measurement).capped(64)
-                )
-            })?;
-            if self.encoder.len() > self.max_bytes {
-                self.encoder.clear();
-                return Err(self.too_large());
-            }
+            let mut tags: Vec<(&str, &str)> = point
+                .tags
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let fields: Vec<(&str, Value<&str>)> = point
+                .fields
+                .iter()
+                .map(|(k, v)| (k.as_str(), Value::of(v)))
+                .collect();
+            writer.point(
+                index,
+                &point.measurement,
+                &mut tags,
+                &fields,
+                point.time_ns.unwrap_or(now_ns),
+            )?;
         }
-        let lines = self.encoder.take();
-        self.encoder.reserve(lines.len());
-        Ok(lines)
+        Ok(writer.finish())
     }
 
-    fn encode_point(&mut self, point: &Point, now_ns: i64) -> Result<(), String> {
-        let enc = &mut self.encoder;
-        if point.fields.is_empty() {
-            return Err("a point needs at least one field".to_owned());
+    /// Encodes a batch straight from the plugin's memory: the whole batch or nothing.
+    /// `Ok(Err(_))` is the message the plugin sees; `Err(_)` is a malformed call (text that
+    /// is not UTF-8), which traps.
+    pub fn encode_from(
+        store: &mut StoreContextMut<'_, HostState>,
+        points: &WasmList<PointView>,
+        now_ns: i64,
+    ) -> wasmtime::Result<Result<Vec<u8>, String>> {
+        if let Err(reason) = store.data().emitter.check_count(points.len()) {
+            return Ok(Err(reason));
         }
-        enc.start_line(&point.measurement)
-            .map_err(|e| e.to_string())?;
-        // Line protocol wants tags sorted by key (as cc-metric-store's writers produce them);
-        // plugins usually send them sorted already, so sort indices only when needed.
-        let tags = &point.tags;
-        let sorted = tags.windows(2).all(|w| w[0].0 < w[1].0);
-        let result = if sorted {
-            tags.iter().try_for_each(|(k, v)| enc.add_tag(k, v))
-        } else {
-            self.order.clear();
-            self.order.extend(0..tags.len());
-            self.order.sort_by(|&a, &b| tags[a].0.cmp(&tags[b].0));
-            self.order
-                .iter()
-                .try_for_each(|&i| enc.add_tag(&tags[i].0, &tags[i].1))
-        };
-        result.map_err(|e| e.to_string())?;
-        for (key, value) in &point.fields {
-            let value = match value {
-                FieldValue::Float(v) => FieldRef::Float(*v),
-                FieldValue::Int(v) => FieldRef::Int(*v),
-                FieldValue::Uint(v) => FieldRef::Uint(*v),
-                FieldValue::Boolean(v) => FieldRef::Bool(*v),
-                FieldValue::Text(v) => FieldRef::Str(v),
-            };
-            enc.add_field(key, value).map_err(|e| e.to_string())?;
-        }
-        enc.end_line(Some(point.time_ns.unwrap_or(now_ns)))
-            .map_err(|e| e.to_string())
+        // The texts borrow the plugin's memory while the writer, part of the store's
+        // data, writes: it steps out of the store meanwhile.
+        let mut writer = std::mem::take(&mut store.data_mut().emitter.writer);
+        let outcome = encode_views(store, &mut writer, points, now_ns);
+        let outcome = outcome.map(|encoded| encoded.map(|()| writer.finish()));
+        writer.encoder.clear();
+        store.data_mut().emitter.writer = writer;
+        outcome
     }
 }
+
+fn encode_views(
+    store: &mut StoreContextMut<'_, HostState>,
+    writer: &mut Writer,
+    points: &WasmList<PointView>,
+    now_ns: i64,
+) -> wasmtime::Result<Result<(), String>> {
+    let views = points
+        .iter(&mut *store)?
+        .collect::<wasmtime::Result<Vec<_>>>()?;
+    writer.encoder.clear();
+    let mut tag_views = Vec::new();
+    let mut field_views = Vec::new();
+    for (index, view) in views.iter().enumerate() {
+        // Every tag takes at least 4 bytes (`,k=v`), every field 3 (`k=1`): longer lists
+        // cannot fit, whatever they hold, and are not even looked at.
+        let room = writer.room();
+        if view.tags.len() > room / 4 || view.fields.len() > room / 3 {
+            return Ok(Err(writer.too_large()));
+        }
+        tag_views.clear();
+        for tag in view.tags.iter(&mut *store)? {
+            tag_views.push(tag?);
+        }
+        field_views.clear();
+        for field in view.fields.iter(&mut *store)? {
+            field_views.push(field?);
+        }
+        let memory = &*store;
+        let measurement = view.measurement.to_str(memory)?;
+        let mut tags: Vec<(Cow<'_, str>, Cow<'_, str>)> = Vec::with_capacity(tag_views.len());
+        for (key, value) in &tag_views {
+            tags.push((key.to_str(memory)?, value.to_str(memory)?));
+        }
+        let mut fields: Vec<(Cow<'_, str>, Value<Cow<'_, str>>)> =
+            Vec::with_capacity(field_views.len());
+        for (key, value) in &field_views {
+            let value = match value {
+                FieldView::Float(v) => Value::Float(*v),
+                FieldView::Int(v) => Value::Int(*v),
+                FieldView::Uint(v) => Value::Uint(*v),
+                FieldView::Boolean(v) => Value::Boolean(*v),
+                FieldView::Text(text) => Value::Text(text.to_str(memory)?),
+            };
+            fields.push((key.to_str(memory)?, value));
+        }
+        // Escaping only lengthens text: raw text past the room cannot fit either, and is
+        // not copied into the batch.
+        let raw = measurement.len()
+            + tags.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            + fields
+                .iter()
+                .map(|(k, v)| k.len() + v.text_len())
+                .sum::<usize>();
+        if raw > room {
+            return Ok(Err(writer.too_large()));
+        }
+        let time = view.time_ns.unwrap_or(now_ns);
+        if let Err(reason) = writer.point(index, &measurement, &mut tags, &fields, time) {
+            return Ok(Err(reason));
+        }
+    }
+    Ok(Ok(()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,13 @@
 //! The shared part of the host: one wasmtime `Engine` with epoch interruption, its ticker, the
-//! linkers (with and without WASI) and the compile cache. Plugins are loaded here into an
+//! linkers (with and without WASI) and the compile cache. The ticker advances the epoch only
+//! while a call into a plugin runs ([`Runtime::enter_call`]): an idle agent's ticker thread
+//! sleeps until the next call instead of waking every tick. Plugins are loaded here into an
 //! `InstancePre`, which every (re)instantiation of the plugin reuses, and each instantiation
 //! gets a fresh store from `Runtime::new_store`. This layer knows nothing of supervision.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::broadcast;
@@ -77,6 +80,7 @@ struct Inner {
     events: EventSender,
     options: RuntimeOptions,
     secrets: Arc<[PathBuf]>,
+    ticker: Ticker,
 }
 
 /// A compiled, type-checked plugin, ready to be instantiated any number of times.
@@ -117,7 +121,7 @@ impl Runtime {
             // components are several times cheaper.
             .concurrency_support(false);
         let engine = Engine::new(&config).map_err(engine_err)?;
-        spawn_ticker(&engine, options.epoch_tick)
+        let ticker = Ticker::spawn(&engine, options.epoch_tick)
             .map_err(|e| HostError::Engine(format!("cannot start the epoch ticker: {e}")))?;
 
         let mut plain = Linker::new(&engine);
@@ -138,6 +142,7 @@ impl Runtime {
                 events,
                 options,
                 secrets,
+                ticker,
             }),
         })
     }
@@ -150,6 +155,20 @@ impl Runtime {
     /// The options the runtime was created with.
     pub fn options(&self) -> &RuntimeOptions {
         &self.inner.options
+    }
+
+    /// Marks a call into a plugin as running until the guard is dropped: the epoch ticker
+    /// advances the epoch (which enforces CPU deadlines and lets long calls yield) only while
+    /// at least one such guard is alive. Everything that runs guest code (instantiation and
+    /// every export call) must hold one, or a runaway call would never be interrupted.
+    pub(crate) fn enter_call(&self) -> ActiveCall {
+        self.inner.ticker.enter()
+    }
+
+    /// How often the ticker has advanced the epoch so far.
+    #[cfg(test)]
+    pub(crate) fn epoch_ticks(&self) -> u64 {
+        self.inner.ticker.shared.ticks.load(Ordering::Relaxed)
     }
 
     pub(crate) fn events(&self) -> &EventSender {
@@ -311,19 +330,142 @@ impl Runtime {
     }
 }
 
-fn spawn_ticker(engine: &Engine, tick: Duration) -> std::io::Result<()> {
-    let weak = engine.weak();
-    let tick = tick.max(Duration::from_millis(1));
-    std::thread::Builder::new()
-        .name("ccfleet-epoch".to_owned())
-        .spawn(move || {
-            loop {
-                std::thread::sleep(tick);
-                match weak.upgrade() {
-                    Some(engine) => engine.increment_epoch(),
-                    None => return,
+/// The thread that advances the engine's epoch every tick while calls run, and sleeps
+/// (parked, not waking at all) while none does.
+struct Ticker {
+    shared: Arc<TickerShared>,
+    thread: std::thread::Thread,
+}
+
+struct TickerShared {
+    /// Calls into plugins running now.
+    active: AtomicUsize,
+    /// Set when the runtime is dropped: the thread ends.
+    stop: AtomicBool,
+    /// Epoch increments so far (for tests and diagnostics).
+    ticks: AtomicU64,
+}
+
+/// A running call into a plugin, as far as the epoch ticker is concerned: see
+/// [`Runtime::enter_call`].
+pub(crate) struct ActiveCall {
+    shared: Arc<TickerShared>,
+}
+
+impl Drop for ActiveCall {
+    fn drop(&mut self) {
+        self.shared.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Ticker {
+    fn spawn(engine: &Engine, tick: Duration) -> std::io::Result<Ticker> {
+        let weak = engine.weak();
+        let tick = tick.max(Duration::from_millis(1));
+        let shared = Arc::new(TickerShared {
+            active: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            ticks: AtomicU64::new(0),
+        });
+        let state = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("ccfleet-epoch".to_owned())
+            .spawn(move || {
+                loop {
+                    if state.stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    if state.active.load(Ordering::SeqCst) == 0 {
+                        // `enter` unparks after raising the count, and an unpark that comes
+                        // before this park makes it return at once: no call is missed.
+                        // Spurious wake-ups just go round the loop.
+                        std::thread::park();
+                        continue;
+                    }
+                    std::thread::sleep(tick);
+                    match weak.upgrade() {
+                        Some(engine) => {
+                            engine.increment_epoch();
+                            state.ticks.fetch_add(1, Ordering::Relaxed);
+                        }
+                        None => return,
+                    }
                 }
+            })?;
+        Ok(Ticker {
+            shared,
+            thread: handle.thread().clone(),
+        })
+    }
+
+    fn enter(&self) -> ActiveCall {
+        if self.shared.active.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.thread.unpark();
+        }
+        ActiveCall {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.thread.unpark();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits (up to a generous bound, for a loaded machine) until `ready` holds.
+    fn eventually(mut ready: impl FnMut() -> bool) -> bool {
+        let until = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < until {
+            if ready() {
+                return true;
             }
-        })?;
-    Ok(())
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    #[test]
+    fn an_idle_runtime_does_not_advance_the_epoch_and_a_running_call_does() {
+        let runtime = Runtime::new(RuntimeOptions {
+            cache_dir: None,
+            epoch_tick: Duration::from_millis(1),
+            ..RuntimeOptions::default()
+        })
+        .unwrap();
+        // Idle: a hundred ticks' worth of time passes without one.
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            runtime.epoch_ticks(),
+            0,
+            "the ticker woke with no call running"
+        );
+
+        let call = runtime.enter_call();
+        assert!(
+            eventually(|| runtime.epoch_ticks() >= 3),
+            "the ticker does not advance the epoch while a call runs"
+        );
+        // A second, overlapping call keeps it going after the first ends.
+        let second = runtime.enter_call();
+        drop(call);
+        let before = runtime.epoch_ticks();
+        assert!(eventually(|| runtime.epoch_ticks() >= before + 3));
+        drop(second);
+
+        // Idle again: at most the tick that was under way when the call ended.
+        std::thread::sleep(Duration::from_millis(20));
+        let idle = runtime.epoch_ticks();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            runtime.epoch_ticks() <= idle + 1,
+            "the ticker kept running when idle"
+        );
+    }
 }

@@ -281,9 +281,13 @@ impl FileGrants {
     /// Reads a whole granted file. The error is the message the plugin sees.
     pub fn read(&self, path: &str) -> Result<Vec<u8>, String> {
         let names = self.check(path, Kind::File)?;
-        let file = self.open(path, &names, Kind::File)?;
-        let mut bytes = Vec::new();
-        file.take(self.max_bytes as u64 + 1)
+        let (file, meta) = self.open(path, &names, Kind::File)?;
+        // One read for a small file: /proc files report no size and /sys files a page, so
+        // a page to start with (growing from nothing takes a read per doubling).
+        let limit = self.max_bytes.saturating_add(1);
+        let hint = usize::try_from(meta.len()).unwrap_or(usize::MAX).max(4096);
+        let mut bytes = Vec::with_capacity(hint.saturating_add(1).min(limit));
+        file.take(limit as u64)
             .read_to_end(&mut bytes)
             .map_err(|e| format!("{}: {e}", Untrusted(path)))?;
         if bytes.len() > self.max_bytes {
@@ -300,7 +304,7 @@ impl FileGrants {
     /// itself, as for [`FileGrants::read`]), e.g. a mount point.
     pub fn statvfs(&self, path: &str) -> Result<FsStats, String> {
         let names = self.check(path, Kind::Either)?;
-        let file = self.open(path, &names, Kind::Either)?;
+        let (file, _) = self.open(path, &names, Kind::Either)?;
         let mut stats = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
         // SAFETY: the descriptor is open for the call and `stats` is writable memory of the
         // type fstatvfs fills.
@@ -333,7 +337,7 @@ impl FileGrants {
     /// The names in a directory that are granted or lead to granted files, sorted.
     pub fn list(&self, path: &str) -> Result<Vec<String>, String> {
         let names = self.check(path, Kind::Dir)?;
-        let dir = self.open(path, &names, Kind::Dir)?;
+        let (dir, _) = self.open(path, &names, Kind::Dir)?;
         let entries =
             std::fs::read_dir(fd_path(&dir)).map_err(|e| format!("{}: {e}", Untrusted(path)))?;
         let mut out = Vec::new();
@@ -384,7 +388,12 @@ impl FileGrants {
     }
 
     /// Resolves the path under the root, checks where it really leads and opens that.
-    fn open(&self, path: &str, names: &[&str], kind: Kind) -> Result<File, String> {
+    fn open(
+        &self,
+        path: &str,
+        names: &[&str],
+        kind: Kind,
+    ) -> Result<(File, std::fs::Metadata), String> {
         let fail = |why: &dyn std::fmt::Display| format!("{}: {why}", Untrusted(path));
         let mut host = self.root.clone();
         host.extend(names);
@@ -436,7 +445,7 @@ impl FileGrants {
             Kind::Either if !meta.is_dir() && !meta.is_file() => {
                 Err(fail(&"is neither a regular file nor a directory"))
             }
-            _ => Ok(file),
+            _ => Ok((file, meta)),
         }
     }
 }

@@ -26,6 +26,8 @@ pub struct Instance {
     store: Store<HostState>,
     bindings: FleetPlugin,
     timeout: Duration,
+    /// For the epoch ticker, which runs only while a call does.
+    runtime: Runtime,
 }
 
 /// The result of one call: `Err` is a failure that killed the store; the inner `Err` is the
@@ -39,6 +41,7 @@ macro_rules! guarded {
         let limit = inst.timeout;
         inst.store.data_mut().deadline = Instant::now() + limit;
         inst.store.set_epoch_deadline(1);
+        let _running = inst.runtime.enter_call();
         let $guest = inst.bindings.cc_fleet_plugin();
         let $store = &mut inst.store;
         let outcome = tokio::time::timeout(limit + TIMEOUT_GRACE, $body).await;
@@ -100,11 +103,13 @@ impl Instance {
             .map_err(|e| Failure::Setup(e.to_string()))?;
         let limit = spec.limits.call_timeout;
         store.data_mut().deadline = Instant::now() + limit;
+        let running = runtime.enter_call();
         let outcome = tokio::time::timeout(
             limit + TIMEOUT_GRACE,
             loaded.pre.instantiate_async(&mut store),
         )
         .await;
+        drop(running);
         let bindings = match outcome {
             Ok(Ok(bindings)) => bindings,
             Ok(Err(error)) => return Err(failure_of("instantiate", limit, &error)),
@@ -119,6 +124,7 @@ impl Instance {
             store,
             bindings,
             timeout: limit,
+            runtime: runtime.clone(),
         };
         let config = spec.config.to_string();
         match guarded!(&mut instance, "init", |guest, store| guest

@@ -6,8 +6,8 @@
 //! plugin's oversized `emit` or log line would be copied (or trap on wasmtime's host-call
 //! fuel) before any limit of ours could look at it. Here arguments arrive as views into the
 //! plugin's memory (`WasmList`, `WasmStr`): `emit` checks the number of points first and
-//! copies the points under a budget of its own, `log` checks the rate first and copies at
-//! most a capped message.
+//! encodes the points from the plugin's memory under the batch's byte limit without copying
+//! them (`emit::PointView`), `log` checks the rate first and copies at most a capped message.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -18,13 +18,13 @@ use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, ResourceTable, WasmList, WasmStr};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::emit::Emitter;
+use super::emit::{Emitter, PointView};
 use super::events::{EventKind, EventSender, PluginEvent};
 use super::files::FileGrants;
 use super::limits::MemoryLimiter;
 use super::logs::{self, LogGate, MAX_LOG_MESSAGE};
 use super::sink::Batch;
-use crate::plugin::types::{Level, Point};
+use crate::plugin::types::Level;
 
 /// The version of the `cc:fleet` WIT package (`wit/fleet.wit`) the host implements.
 ///
@@ -86,24 +86,18 @@ impl HostState {
         self.event(EventKind::Log { level, message });
     }
 
-    fn emit(&mut self, points: &[Point]) -> Result<(), String> {
-        let lines = self
-            .emitter
-            .encode(points, ccfleet::wire::now_ns())
-            .inspect_err(|_| self.emitter.sink.count_refused(points.len()))?;
+    /// Hands an encoded batch of `points` points to the sink.
+    fn send(&mut self, lines: Vec<u8>, points: usize) -> Result<(), String> {
         let bytes = lines.len();
         self.emitter
             .sink
             .try_send(Batch {
                 plugin: self.plugin.clone(),
                 lines: lines.into(),
-                points: points.len(),
+                points,
             })
             .map_err(|e| e.to_string())?;
-        self.event(EventKind::Emitted {
-            points: points.len(),
-            bytes,
-        });
+        self.event(EventKind::Emitted { points, bytes });
         Ok(())
     }
 
@@ -138,7 +132,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
     )?;
     host.func_wrap(
         "emit",
-        |store: StoreContextMut<'_, HostState>, (points,): (WasmList<Point>,)| {
+        |store: StoreContextMut<'_, HostState>, (points,): (WasmList<PointView>,)| {
             Ok((emit(store, points)?,))
         },
     )?;
@@ -187,43 +181,26 @@ fn log(mut store: StoreContextMut<'_, HostState>, level: Level, message: WasmStr
 
 fn emit(
     mut store: StoreContextMut<'_, HostState>,
-    points: WasmList<Point>,
+    points: WasmList<PointView>,
 ) -> wasmtime::Result<Result<(), String>> {
-    if let Err(reason) = store.data().emitter.check_count(points.len()) {
-        store.data().emitter.sink.count_refused(points.len());
-        return Ok(Err(store.data().emit_refused(reason)));
-    }
-    // Copy the points under the batch's own budget: running out of it refuses the batch
-    // instead of trapping the plugin.
+    let count = points.len();
+    // The points are read in place, not copied: the writer's byte limit bounds what the
+    // host allocates, so wasmtime's host-call fuel (which counts the views as if they were
+    // copies) must not end a batch the limit admits.
     let call_fuel = store.hostcall_fuel();
-    store.set_hostcall_fuel(store.data().emitter.lift_budget());
-    let mut lifted = Vec::with_capacity(points.len());
-    let mut failure = None;
-    match points.iter(&mut store) {
-        Ok(iter) => {
-            for point in iter {
-                match point {
-                    Ok(point) => lifted.push(point),
-                    Err(error) => {
-                        failure = Some(error);
-                        break;
-                    }
-                }
-            }
-        }
-        Err(error) => failure = Some(error),
-    }
+    store.set_hostcall_fuel(usize::MAX);
+    let encoded = Emitter::encode_from(&mut store, &points, ccfleet::wire::now_ns());
     store.set_hostcall_fuel(call_fuel);
-    if let Some(error) = failure {
-        if is_hostcall_fuel(&error) {
-            store.data().emitter.sink.count_refused(points.len());
-            let reason = store.data().emitter.too_large();
-            return Ok(Err(store.data().emit_refused(reason)));
+    // Anything else than a refusal is a malformed call (bad UTF-8, an out-of-bounds list):
+    // a trap.
+    let outcome = match encoded? {
+        // A full or closed sink counts the points itself.
+        Ok(lines) => store.data_mut().send(lines, count),
+        Err(reason) => {
+            store.data().emitter.sink.count_refused(count);
+            Err(reason)
         }
-        // Anything else is a malformed call (bad UTF-8, an out-of-bounds list): a trap.
-        return Err(error);
-    }
-    let outcome = store.data_mut().emit(&lifted);
+    };
     Ok(outcome.map_err(|reason| store.data().emit_refused(reason)))
 }
 
