@@ -712,3 +712,30 @@ async fn with_nats_down_writes_answer_500_with_cc_backends_body_and_acknowledged
     }
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_registrations_reaches_the_other_servers_watch_whatever_the_heartbeat_buffer() {
+    // `heartbeat-pending-messages` bounds the heartbeat subscription only: the bucket watch
+    // must not share that bound, or a burst of changes overflows it and the watch falls
+    // behind while its consumer is recreated again and again.
+    let nats = NatsServer::start_jetstream();
+    let mut json = config(&nats.url(), "2s", None);
+    json["registry"]["replicas"] = Value::from(1);
+    json["fleet"]["heartbeat-pending-messages"] = Value::from(1);
+    let one = Node::start(json.clone()).await;
+    let two = Node::start(json).await;
+    let members = 2_000u64;
+    let registrations = (0..members).map(|i| {
+        let registry = one.registry().clone();
+        async move { registry.register(registration(&format!("b{i:05}"))).await }
+    });
+    for result in futures::future::join_all(registrations).await {
+        result.unwrap();
+    }
+    eventually(
+        "the other server's watch to hold every registration",
+        Duration::from_secs(10),
+        || async { two.registry().counts().pending == members },
+    )
+    .await;
+}

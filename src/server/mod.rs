@@ -97,6 +97,29 @@ async fn blocking<R: Send + 'static>(
         .map_err(|e| ServerError::Task(e.to_string()))
 }
 
+/// Messages the JetStream registry's own NATS connection buffers per subscription (its
+/// bucket watch and the last-seen digests): async-nats's default. The watch is a
+/// flow-controlled JetStream consumer, so a burst of changes waits there instead of
+/// overflowing the small buffer `fleet.heartbeat-pending-messages` gives the heartbeat
+/// subscription (an overflowing watch falls behind while its consumer is recreated).
+const REGISTRY_SUBSCRIPTION_CAPACITY: usize = 65_536;
+
+/// The JetStream registry's connection: its own, so that the heartbeat subscription's
+/// bound and overload never reach the bucket watch.
+async fn connect_registry_nats(config: &NatsConfig) -> Result<async_nats::Client, ServerError> {
+    let reporter = crate::nats::ConnectionReporter::new(&config.address);
+    let options = config
+        .connect_options("ccfleet-server-registry")
+        .await
+        .map_err(|e| ServerError::nats(config, "", &e))?
+        .subscription_capacity(REGISTRY_SUBSCRIPTION_CAPACITY)
+        .event_callback(move |event| {
+            let reporter = reporter.clone();
+            async move { reporter.on_event(event).await }
+        });
+    config.connect(options).await.map_err(ServerError::Nats)
+}
+
 async fn connect_nats(
     config: &NatsConfig,
     subscription_capacity: usize,
@@ -320,9 +343,10 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         None => None,
     };
     let (registry, gate, last_seen_interval) = match (&config.registry, &nats) {
-        (RegistryConfig::JetStreamKv(settings), Some(client)) => {
-            let store =
-                registry::jetstream::JetStreamStore::open(client.clone(), settings.clone()).await?;
+        (RegistryConfig::JetStreamKv(settings), Some(_)) => {
+            let nats_config = config.nats.as_ref().expect("a nats section with a client");
+            let client = connect_registry_nats(nats_config).await?;
+            let store = registry::jetstream::JetStreamStore::open(client, settings.clone()).await?;
             let replication = store.replication();
             let lease_bucket = store.bucket().clone();
             let registry = blocking(move || Registry::new(store)).await??;
