@@ -228,6 +228,13 @@ pub trait RegistryStore: Send {
         Ok(count)
     }
 
+    /// How long a storm's group of registrations waits for more before it is written
+    /// (see [`GROUP_COMMIT_SIBLINGS`]): worth it where every commit rewrites pages and
+    /// syncs; none by default, where writes are independent and a wait only adds latency.
+    fn group_gather(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// Upserts each `(registration, instance id)` on (cluster, hostname, type) with state
     /// `pending` and `registered_at = now`; the last heartbeat and acknowledged revision
     /// survive. All or nothing: the batch is one durable write (a group commit), answered
@@ -286,15 +293,16 @@ pub const LAST_SEEN_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 const GROUP_COMMIT_MAX: usize = 1024;
 
 /// A group of at least this many registrations means a storm is under way (a cluster
-/// reboot): the committer then waits [`GROUP_COMMIT_GATHER`] for more before it writes, as
+/// reboot): the committer then waits the store's [`RegistryStore::group_gather`] (the
+/// SQLite store: [`GROUP_COMMIT_GATHER`]) for more before it writes, as
 /// PostgreSQL's `commit_delay` does when `commit_siblings` transactions are active. Each
 /// commit rewrites the last pages of the table and of every index it touches, so a few
 /// large commits write far fewer bytes (and syncs) than many small ones; a lone
 /// registration is never delayed.
 const GROUP_COMMIT_SIBLINGS: usize = 8;
 
-/// How long a storm's group waits for more registrations before it is written.
-const GROUP_COMMIT_GATHER: Duration = Duration::from_millis(2);
+/// How long a storm's group waits for more registrations before the SQLite store writes it.
+pub(super) const GROUP_COMMIT_GATHER: Duration = Duration::from_millis(2);
 
 struct Shared {
     store: Mutex<Box<dyn RegistryStore>>,
@@ -774,18 +782,18 @@ fn commit_registrations(shared: &Shared) {
             let n = queue.waiting.len().min(GROUP_COMMIT_MAX);
             queue.waiting.drain(..n).collect()
         };
-        let group = gather(shared, group);
+        let group = gather(shared, group, store.group_gather());
         commit_group(shared, store.as_mut(), group);
     }
 }
 
-/// Lets a storm's group wait [`GROUP_COMMIT_GATHER`] and take what queued meanwhile.
-/// `committing` stays set throughout, so those registrations wait for this committer.
-fn gather(shared: &Shared, mut group: Vec<Waiting>) -> Vec<Waiting> {
-    if group.len() < GROUP_COMMIT_SIBLINGS || group.len() >= GROUP_COMMIT_MAX {
+/// Lets a storm's group wait `delay` and take what queued meanwhile. `committing` stays
+/// set throughout, so those registrations wait for this committer.
+fn gather(shared: &Shared, mut group: Vec<Waiting>, delay: Duration) -> Vec<Waiting> {
+    if delay.is_zero() || group.len() < GROUP_COMMIT_SIBLINGS || group.len() >= GROUP_COMMIT_MAX {
         return group;
     }
-    std::thread::sleep(GROUP_COMMIT_GATHER);
+    std::thread::sleep(delay);
     let mut queue = shared.registrations();
     let more = queue.waiting.len().min(GROUP_COMMIT_MAX - group.len());
     group.extend(queue.waiting.drain(..more));

@@ -209,6 +209,11 @@ fn corrupt(column: &str) -> RegistryError {
 }
 
 impl RegistryStore for SqliteStore {
+    fn group_gather(&self) -> std::time::Duration {
+        // Each commit rewrites the last pages of the table and its indexes and syncs.
+        super::GROUP_COMMIT_GATHER
+    }
+
     fn load(&mut self) -> Result<Vec<StoredService>, RegistryError> {
         let mut stored = Vec::new();
         self.load_each(&mut |s| stored.push(s))?;
