@@ -606,6 +606,20 @@ async fn slow_consumer_sees_only_the_latest_config() {
             || async { fleet.relay.count("GET config 200") == pulled + 1 },
         )
         .await;
+        // The relay counts the answer before the client has handled it: wait until the
+        // version is in the slot (a fresh receiver starts at the newest value).
+        let expected = json(&format!(r#"{{"v":{v}}}"#));
+        eventually(
+            "the new version to be delivered",
+            Duration::from_secs(5),
+            || async {
+                client
+                    .configs()
+                    .try_recv()
+                    .is_some_and(|u| config_json(&u) == expected)
+            },
+        )
+        .await;
     }
     let update = configs.recv().await.unwrap();
     assert_eq!(config_json(&update), json(r#"{"v":333}"#));
