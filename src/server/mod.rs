@@ -107,48 +107,58 @@ const REGISTRY_SUBSCRIPTION_CAPACITY: usize = 65_536;
 /// The JetStream registry's connection: its own, so that the heartbeat subscription's
 /// bound and overload never reach the bucket watch.
 async fn connect_registry_nats(config: &NatsConfig) -> Result<async_nats::Client, ServerError> {
-    let reporter = crate::nats::ConnectionReporter::new(&config.address);
-    let options = config
-        .connect_options("ccfleet-server-registry")
-        .await
-        .map_err(|e| ServerError::nats(config, "", &e))?
-        .subscription_capacity(REGISTRY_SUBSCRIPTION_CAPACITY)
-        .event_callback(move |event| {
-            let reporter = reporter.clone();
-            async move { reporter.on_event(event).await }
-        });
-    config.connect(options).await.map_err(ServerError::Nats)
+    connect(
+        config,
+        "ccfleet-server-registry",
+        REGISTRY_SUBSCRIPTION_CAPACITY,
+        |_| {},
+    )
+    .await
 }
 
+/// The fleet connection: heartbeats, rosters and the heartbeat stream.
 async fn connect_nats(
     config: &NatsConfig,
     subscription_capacity: usize,
     metrics: Arc<Metrics>,
     roster: RosterNotify,
 ) -> Result<async_nats::Client, ServerError> {
+    connect(
+        config,
+        "ccfleet-server",
+        subscription_capacity,
+        move |event| match event {
+            async_nats::Event::SlowConsumer(_) => {
+                Metrics::add(&metrics.heartbeats_dropped, 1);
+            }
+            // Core NATS kept nothing for consumers while we were away: send current
+            // rosters now instead of at the next interval.
+            async_nats::Event::Connected => roster.notify(),
+            _ => {}
+        },
+    )
+    .await
+}
+
+/// Connects as `name`; `on_event` sees every connection event before it is reported.
+async fn connect(
+    config: &NatsConfig,
+    name: &str,
+    subscription_capacity: usize,
+    on_event: impl Fn(&async_nats::Event) + Send + Sync + 'static,
+) -> Result<async_nats::Client, ServerError> {
     // An outage is logged once (and its end once), not on every reconnect attempt.
     let reporter = crate::nats::ConnectionReporter::new(&config.address);
+    let on_event = Arc::new(on_event);
     let options = config
-        .connect_options("ccfleet-server")
+        .connect_options(name)
         .await
         .map_err(|e| ServerError::nats(config, "", &e))?
         .subscription_capacity(subscription_capacity)
         .event_callback(move |event| {
-            let metrics = metrics.clone();
-            let roster = roster.clone();
+            on_event(&event);
             let reporter = reporter.clone();
-            async move {
-                match &event {
-                    async_nats::Event::SlowConsumer(_) => {
-                        Metrics::add(&metrics.heartbeats_dropped, 1);
-                    }
-                    // Core NATS kept nothing for consumers while we were away: send current
-                    // rosters now instead of at the next interval.
-                    async_nats::Event::Connected => roster.notify(),
-                    _ => {}
-                }
-                reporter.on_event(event).await;
-            }
+            async move { reporter.on_event(event).await }
         });
     // The error text is scrubbed already.
     config.connect(options).await.map_err(ServerError::Nats)
