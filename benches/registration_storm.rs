@@ -21,6 +21,9 @@
 //! request carries an Ed25519 token (the same one, as a fleet's agents do) unless
 //! `STORM_AUTH=off`.
 //!
+//! Rust code allocates with mimalloc, as the `ccfleet` binary does
+//! (`STORM_ALLOCATOR=system`: with the C library's malloc instead).
+//!
 //! Host names are sequential (`n0000000`, `n0000001`, ...) unless `STORM_NAMES=random`.
 //! `STORM_DIR` puts the database in a given directory (default: a temporary one). Every
 //! registration must answer 201 with an instance id and be a row afterwards; the run fails
