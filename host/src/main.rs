@@ -7,10 +7,11 @@ use clap::Parser as _;
 
 mod cli;
 
-/// mimalloc instead of the C library's malloc: a fleet server allocates and frees many
-/// small objects per request on every worker thread, where glibc's malloc spent about a
-/// sixth of the server's CPU time in a registration storm (`benches/registration_storm.rs`,
-/// which allocates the same way). The `ccfleet` library does not choose an allocator.
+/// mimalloc (version 2) instead of the C library's malloc: a fleet server allocates and
+/// frees small objects per request on every worker thread, and glibc's malloc took up to
+/// a sixth of the server's CPU time in a registration storm (`benches/registration_storm.rs`,
+/// which allocates the same way), for the same resident memory per registered instance.
+/// The `ccfleet` library leaves the choice of allocator to its users.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
