@@ -272,16 +272,20 @@ impl FromRequestParts<Arc<AppState>> for Authorized {
             tracing::error!("fleet: an API request without the peer's address");
             return Err(internal_error());
         };
-        authorize(state, &parts.method, &parts.headers, peer).map(|()| Authorized)
+        match refusal(state, &parts.method, &parts.headers, peer) {
+            None => Ok(Authorized),
+            Some(refused) => Err(refused),
+        }
     }
 }
 
-fn authorize(
+/// The answer refusing a fleet API request, if it is refused.
+fn refusal(
     state: &AppState,
     method: &Method,
     headers: &HeaderMap,
     peer: SocketAddr,
-) -> Result<(), Response> {
+) -> Option<Response> {
     // cc-backend's CSRF guard: browsers must not drive state changes cross-site.
     if method != Method::GET
         && headers
@@ -290,7 +294,7 @@ fn authorize(
     {
         Metrics::add(&state.metrics.refused_cross_site, 1);
         tracing::debug!("fleet: refused cross-site API request from {peer}");
-        return Err(error(StatusCode::FORBIDDEN, "cross-site request rejected"));
+        return Some(error(StatusCode::FORBIDDEN, "cross-site request rejected"));
     }
     let unauthorized = |counter: &AtomicU64, e: auth::AuthError| {
         Metrics::add(counter, 1);
@@ -299,14 +303,14 @@ fn authorize(
     };
     let metrics = &state.metrics;
     if !state.allowlist.allows(headers, peer) {
-        return Err(unauthorized(
+        return Some(unauthorized(
             &metrics.refused_allowlist,
             auth::AuthError::IpNotAllowed,
         ));
     }
     if let Some(verifier) = &state.verifier {
         let Some(token) = auth::token_from_headers(headers) else {
-            return Err(unauthorized(
+            return Some(unauthorized(
                 &metrics.refused_token,
                 auth::AuthError::MissingToken,
             ));
@@ -316,12 +320,12 @@ fn authorize(
             Ok(_) => {
                 Metrics::add(&metrics.refused_role, 1);
                 tracing::debug!("fleet: refused API request from {peer}: missing role: api");
-                return Err(ApiError::Forbidden("missing role: api").into_response());
+                return Some(ApiError::Forbidden("missing role: api").into_response());
             }
-            Err(e) => return Err(unauthorized(&metrics.refused_token, e)),
+            Err(e) => return Some(unauthorized(&metrics.refused_token, e)),
         }
     }
-    Ok(())
+    None
 }
 
 /// The registration body as cc-backend decodes it: a Go struct of strings, so type and

@@ -228,8 +228,8 @@ pub trait RegistryStore: Send {
         Ok(count)
     }
 
-    /// How long a storm's group of registrations waits for more before it is written
-    /// (see [`GROUP_COMMIT_SIBLINGS`]): worth it where every commit rewrites pages and
+    /// How long a storm's group of registrations waits for more before it is written, at
+    /// most (see [`GROUP_COMMIT_SIBLINGS`]): worth it where every commit rewrites pages and
     /// syncs; none by default, where writes are independent and a wait only adds latency.
     fn group_gather(&self) -> Duration {
         Duration::ZERO
@@ -293,9 +293,10 @@ pub const LAST_SEEN_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 const GROUP_COMMIT_MAX: usize = 1024;
 
 /// A group of at least this many registrations means a storm is under way (a cluster
-/// reboot): the committer then waits the store's [`RegistryStore::group_gather`] (the
-/// SQLite store: [`GROUP_COMMIT_GATHER`]) for more before it writes, as
-/// PostgreSQL's `commit_delay` does when `commit_siblings` transactions are active. Each
+/// reboot): the committer then waits up to the store's [`RegistryStore::group_gather`]
+/// (the SQLite store: [`GROUP_COMMIT_GATHER`]) for more before it writes, as
+/// PostgreSQL's `commit_delay` does when `commit_siblings` transactions are active; within
+/// a storm only until as many queued as its previous group held (see `gather`). Each
 /// commit rewrites the last pages of the table and of every index it touches, so a few
 /// large commits write far fewer bytes (and syncs) than many small ones; a lone
 /// registration is never delayed.
