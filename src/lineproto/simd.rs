@@ -1151,6 +1151,23 @@ mod tests {
         }
     }
 
+    #[test]
+    fn padded_loads_hold_the_bytes_from_the_position_then_zeros_for_every_length() {
+        for len in 1..=48usize {
+            let src: Vec<u8> = (0..len).map(|i| 0x80 | (i as u8).wrapping_mul(7)).collect();
+            for at in 0..len {
+                let mut want = [0u8; 16];
+                let real = (len - at).min(16);
+                want[..real].copy_from_slice(&src[at..at + real]);
+                assert_eq!(
+                    load_padded(&src, at),
+                    u128::from_le_bytes(want),
+                    "{len} {at}"
+                );
+            }
+        }
+    }
+
     /// A byte-at-a-time reference for `escaped_bytes`.
     fn reference_escaped(bs: u64, carry_in: u64, n: usize) -> (u64, u64) {
         let mut escaped = 0;
