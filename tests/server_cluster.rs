@@ -362,9 +362,10 @@ async fn the_roster_leader_killed_under_load_fails_over_within_two_lease_periods
     );
     for &i in &survivors {
         let registry = nodes[i].registry().clone();
+        // The watch needs moments; a loaded machine (the whole suite at once) more of them.
         eventually(
             "every acknowledged change on every survivor",
-            Duration::from_secs(2),
+            Duration::from_secs(10),
             || async {
                 acknowledged
                     .iter()
@@ -425,10 +426,11 @@ async fn a_killed_nats_node_and_a_restart_of_every_server_lose_nothing() {
         .parse()
         .unwrap();
     // Heartbeats keep coming, as from real members: one that landed while JetStream moved
-    // its leaders may have failed to activate its instance; a later one does.
+    // its leaders may have failed to activate its instance; a later one does. Electing new
+    // leaders after a SIGKILL takes JetStream seconds, more on a loaded machine.
     eventually(
         "the survivors to agree",
-        Duration::from_secs(10),
+        Duration::from_secs(45),
         || async {
             heartbeat_all(&publisher, &ids[..6]).await;
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -736,6 +738,73 @@ async fn a_burst_of_registrations_reaches_the_other_servers_watch_whatever_the_h
         "the other server's watch to hold every registration",
         Duration::from_secs(10),
         || async { two.registry().counts().pending == members },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_watch_that_stopped_delivering_is_noticed_and_replaced() {
+    // A watch can go silent without an error: after a NATS node died, the client library
+    // recreated the watch's consumer on the dead node and waited for it forever, and the
+    // server never learned another change. Here the consumer is paused instead (it keeps
+    // sending idle heartbeats, so nothing looks wrong to the client): the server must see
+    // that the bucket moved on without it and watch anew.
+    let nats = NatsServer::start_jetstream();
+    let writer = client(&nats.url()).await;
+    let elsewhere = registry_on(&writer, "stall").await;
+    let store = JetStreamStore::open(client(&nats.url()).await, settings("stall"))
+        .await
+        .unwrap();
+    let replication = store.replication();
+    let here = tokio::task::spawn_blocking(move || Registry::new(store))
+        .await
+        .unwrap()
+        .unwrap();
+    let (_stop, shutdown) = tokio::sync::watch::channel(false);
+    let _tasks = replication
+        .spawn(here.clone(), || {}, shutdown)
+        .await
+        .unwrap();
+    let first = elsewhere
+        .register(registration("s00"))
+        .await
+        .unwrap()
+        .instance_id;
+    eventually("the watch to deliver", Duration::from_secs(10), || async {
+        here.lookup(&first).is_some()
+    })
+    .await;
+
+    let stream = async_nats::jetstream::new(writer.clone())
+        .get_stream("KV_stall")
+        .await
+        .unwrap();
+    let consumers: Vec<String> = stream
+        .consumer_names()
+        .map(|name| name.unwrap())
+        .collect()
+        .await;
+    assert!(!consumers.is_empty());
+    for name in consumers {
+        let answer = writer
+            .request(
+                format!("$JS.API.CONSUMER.PAUSE.KV_stall.{name}"),
+                r#"{"pause_until":"2100-01-01T00:00:00Z"}"#.into(),
+            )
+            .await
+            .unwrap();
+        let answer: Value = serde_json::from_slice(&answer.payload).unwrap();
+        assert_eq!(answer["paused"], Value::Bool(true), "{answer}");
+    }
+    let second = elsewhere
+        .register(registration("s01"))
+        .await
+        .unwrap()
+        .instance_id;
+    eventually(
+        "the silent watch to be replaced",
+        Duration::from_secs(60),
+        || async { here.lookup(&second).is_some() },
     )
     .await;
 }
