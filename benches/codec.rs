@@ -370,7 +370,7 @@ fn min_and_median(values: &mut [f64]) -> (f64, f64) {
 fn side_by_side(peer: &str) {
     let rounds = env_number("CODEC_ROUNDS", 15);
     let passes = env_number("CODEC_PASSES", 20);
-    let inputs = vec![
+    let inputs = [
         heartbeats(10_000),
         rosters(1_000),
         metrics(10_000),

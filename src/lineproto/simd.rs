@@ -845,7 +845,9 @@ unsafe fn unescape_run<B: Block, const K: u8>(
 }
 
 /// Unescapes `src` (a token of kind `K`) into `dst` with blocks of type `B`, and the last
-/// bytes with blocks of type `T` (at most 16 bytes wide); returns the length written.
+/// bytes with blocks of type `T` (at most 16 bytes wide) or, when `B` stores without
+/// loading again and `src` holds a whole block, with one last block of type `B` that ends
+/// with `src`; returns the length written.
 ///
 /// # Safety
 /// `dst..dst + src.len() + OVERHANG` must be writable.
