@@ -361,16 +361,12 @@ async fn register_infra(
 
 /// The whole body of `request`, at most [`BODY_LIMIT`] bytes. A body of one frame (what
 /// a client sends with its headers) is handed on without a copy.
+///
+/// An oversized body is read up to the limit before it is refused, not refused by its
+/// declared length: answering and closing at once would leave a client that is still
+/// sending it with a broken pipe instead of the 413.
 async fn read_body(request: Request) -> Result<Bytes, ApiError> {
     use futures::StreamExt;
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > BODY_LIMIT as u64) {
-        return Err(ApiError::PayloadTooLarge);
-    }
     let mut frames = request.into_body().into_data_stream();
     let mut first: Option<Bytes> = None;
     let mut joined: Vec<u8> = Vec::new();
