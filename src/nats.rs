@@ -314,6 +314,10 @@ pub struct ConnectionReporter {
 
 struct ReporterInner {
     address: String,
+    /// Which of a process's connections this is, when it has more than one to the same
+    /// address (the server's fleet and registry connections): without it an outage reads
+    /// as the same line twice.
+    connection: Option<&'static str>,
     /// The password or token the address carries, scrubbed from every error it logs.
     secrets: Vec<String>,
     /// `host:port` for the TCP probe; `None` when the address does not parse.
@@ -372,12 +376,23 @@ impl ConnectionReporter {
         ConnectionReporter {
             inner: Arc::new(ReporterInner {
                 address: display_address(address),
+                connection: None,
                 secrets: address_secrets(address),
                 probe,
                 connected: AtomicBool::new(false),
                 state: Mutex::new(Reported::default()),
             }),
         }
+    }
+
+    /// A reporter whose lines carry `connection = <name>` besides the address, for a
+    /// process that keeps several connections to one NATS.
+    pub fn named(address: &str, connection: &'static str) -> ConnectionReporter {
+        let mut reporter = ConnectionReporter::new(address);
+        Arc::get_mut(&mut reporter.inner)
+            .expect("not shared yet")
+            .connection = Some(connection);
+        reporter
     }
 
     /// The address as the reporter shows it (see [`display_address`]).
@@ -394,6 +409,7 @@ impl ConnectionReporter {
     /// Logs `event` (see the type's documentation).
     pub async fn on_event(&self, event: async_nats::Event) {
         let address = self.address();
+        let connection = self.inner.connection;
         match event {
             async_nats::Event::Connected => {
                 self.inner.connected.store(true, Ordering::Relaxed);
@@ -405,15 +421,15 @@ impl ConnectionReporter {
                     std::mem::replace(&mut state.was_up, true)
                 };
                 if again {
-                    tracing::info!(address, "NATS connected again");
+                    tracing::info!(address, connection, "NATS connected again");
                 } else {
-                    tracing::info!(address, "NATS connected");
+                    tracing::info!(address, connection, "NATS connected");
                 }
             }
             async_nats::Event::Disconnected => {
                 self.inner.connected.store(false, Ordering::Relaxed);
                 lock(&self.inner.state).link = Link::Lost;
-                tracing::warn!(address, "NATS disconnected; reconnecting");
+                tracing::warn!(address, connection, "NATS disconnected; reconnecting");
             }
             async_nats::Event::ClientError(error) => {
                 let error = scrub(&error, &self.inner.secrets);
@@ -430,13 +446,12 @@ impl ConnectionReporter {
                         Some(cause) => format!("{error} ({cause})"),
                         None => error.to_string(),
                     };
-                    tracing::warn!(
-                        address,
+                    tracing::warn!(address, connection,
                         error = %reason,
                         "NATS unreachable; retrying with backoff (repeats are logged at debug level until it recovers)"
                     );
                 } else {
-                    tracing::debug!(address, %error, "NATS still unreachable");
+                    tracing::debug!(address, connection, %error, "NATS still unreachable");
                 }
             }
             async_nats::Event::ServerError(error) => {
@@ -449,29 +464,39 @@ impl ConnectionReporter {
                     repeated
                 };
                 if repeated {
-                    tracing::debug!(address, %error, "NATS server error again");
+                    tracing::debug!(address, connection, %error, "NATS server error again");
                 } else {
-                    tracing::warn!(address, %error, "NATS server error");
+                    tracing::warn!(address, connection, %error, "NATS server error");
                 }
             }
             async_nats::Event::SlowConsumer(sid) => {
                 let repeated = std::mem::replace(&mut lock(&self.inner.state).slow_consumer, true);
                 if repeated {
-                    tracing::debug!(address, subscription = sid, "NATS: slow consumer again");
+                    tracing::debug!(
+                        address,
+                        connection,
+                        subscription = sid,
+                        "NATS: slow consumer again"
+                    );
                 } else {
                     tracing::warn!(
                         address,
+                        connection,
                         subscription = sid,
                         "NATS: a subscription is not read fast enough; messages are dropped"
                     );
                 }
             }
             async_nats::Event::LameDuckMode => {
-                tracing::warn!(address, "NATS server is shutting down (lame duck mode)");
+                tracing::warn!(
+                    address,
+                    connection,
+                    "NATS server is shutting down (lame duck mode)"
+                );
             }
             async_nats::Event::Draining | async_nats::Event::Closed => {
                 self.inner.connected.store(false, Ordering::Relaxed);
-                tracing::debug!(address, %event, "NATS connection closing");
+                tracing::debug!(address, connection, %event, "NATS connection closing");
             }
         }
     }
@@ -498,6 +523,53 @@ impl ConnectionReporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Log lines written while `f` runs.
+    async fn logged(f: impl AsyncFnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Sink(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                lock(&self.0).extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        f().await;
+        String::from_utf8_lossy(&lock(&sink.0)).into_owned()
+    }
+
+    #[tokio::test]
+    async fn two_connections_to_one_address_say_which_of_them_lost_nats() {
+        // The server's fleet and registry connections see one outage: two lines that must
+        // not read as the same line logged twice.
+        let fleet = ConnectionReporter::named("nats://cc:hunter2@127.0.0.1:4222", "fleet");
+        let registry = ConnectionReporter::named("nats://cc:hunter2@127.0.0.1:4222", "registry");
+        let text = logged(async || {
+            fleet.on_event(async_nats::Event::Disconnected).await;
+            registry.on_event(async_nats::Event::Disconnected).await;
+        })
+        .await;
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].contains("connection=\"fleet\""), "{text}");
+        assert!(lines[1].contains("connection=\"registry\""), "{text}");
+        assert!(lines.iter().all(|l| l.contains("nats://127.0.0.1:4222")));
+        assert!(!text.contains("hunter2"), "{text}");
+        // A process with one connection keeps its lines as they were.
+        let single = ConnectionReporter::new("nats://127.0.0.1:4222");
+        let text = logged(async || single.on_event(async_nats::Event::Disconnected).await).await;
+        assert!(!text.contains("connection="), "{text}");
+    }
 
     #[test]
     fn debug_hides_credentials() {

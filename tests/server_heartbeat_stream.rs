@@ -265,6 +265,42 @@ async fn two_servers_sharing_the_stream_apply_each_heartbeat_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_ack_wait_reaches_the_existing_consumer_at_the_next_start() {
+    // The durable consumer outlives the servers: a new `ack-wait` in the configuration must
+    // not be silently ignored because the consumer already exists.
+    let nats = NatsServer::start_jetstream();
+    let ack_wait = async || {
+        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        let stream = js
+            .get_stream(ccfleet::server::config::DEFAULT_HEARTBEAT_STREAM)
+            .await
+            .unwrap();
+        let mut consumer = stream
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(
+                ccfleet::server::config::DEFAULT_HEARTBEAT_CONSUMER,
+            )
+            .await
+            .unwrap();
+        consumer.info().await.unwrap().config.ack_wait
+    };
+    let mut json = config(&nats, json!({}));
+    let server = start(json.clone()).await;
+    server.shutdown().await.unwrap();
+    assert_eq!(ack_wait().await, Duration::from_secs(5));
+    json["fleet"]["heartbeat-stream"]["ack-wait"] = json!("1m");
+    let server = start(json).await;
+    assert_eq!(ack_wait().await, Duration::from_secs(60));
+    // It still consumes.
+    let id = register(server.registry(), "m00").await;
+    publish(&nats.url(), std::slice::from_ref(&id)).await;
+    eventually("the heartbeat applied", Duration::from_secs(20), || async {
+        server.heartbeat_stats().applied == 1
+    })
+    .await;
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_of_that_name_without_the_heartbeat_subject_is_refused_at_start_by_name() {
     let nats = NatsServer::start_jetstream();
     let client = async_nats::connect(nats.url()).await.unwrap();

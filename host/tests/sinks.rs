@@ -1,7 +1,7 @@
 //! The agent's `http` sink against a real local server implementing cc-metric-store's
 //! `/api/write`: every point the plugin emitted arrives exactly (decoded with ccfleet's
 //! decoder), with the JWT, the cluster parameter and gzip; 5xx and 429 are retried, other 4xx
-//! dropped and counted; a stalled store drops (and counts) its own points without slowing the
+//! dropped and counted; a replaced `jwt-file` is read again; a stalled store drops (and counts) its own points without slowing the
 //! plugin or another sink.
 
 #[path = "support/guests.rs"]
@@ -286,6 +286,68 @@ async fn server_errors_are_retried_and_client_errors_dropped_and_counted() {
         points.len() as u64 + counters.dropped(),
         emitted.snapshot().points_emitted
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwt_file_replaced_while_the_store_refuses_the_old_token_takes_over_without_loss() {
+    // JWTs expire: an operator replaces the file, and the batches the store refused with
+    // 401 meanwhile must neither be dropped nor need an agent restart to go out.
+    const NEW: &str = "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJhZ2VudCIsIm4iOjJ9.rotated-signature";
+    let dir = tempfile::tempdir().unwrap();
+    let server = fleet_server(dir.path()).await;
+    let store = Store::start(Some(NEW)).await;
+    let agent = agent(
+        &server,
+        dir.path(),
+        json!({"store": {"type": "http", "url": store.url(), "jwt-file": "ccms.jwt",
+                         "batch-size": 3, "flush-delay": "10ms", "retry-backoff": "20ms",
+                         "max-retry-backoff": "40ms"}}),
+    )
+    .await;
+    let addr = agent.metrics_addr().unwrap();
+    let emitted = agent.plugins()[0].stats();
+    let store_sink = [("sink", "store"), ("type", "http")];
+    wait_until("the old token is refused twice", async || {
+        sample(
+            &scrape(addr).await,
+            "ccfleet_agent_sink_retries_total",
+            &store_sink,
+        ) >= 2.0
+    })
+    .await;
+    assert!(store.points().is_empty());
+    // Replaced the way deployment tools do it: a new file renamed over the old one.
+    let staged = dir.path().join("ccms.jwt.new");
+    std::fs::write(&staged, format!("{NEW}\n")).unwrap();
+    std::fs::rename(&staged, dir.path().join("ccms.jwt")).unwrap();
+    wait_until("points arrive with the new token", async || {
+        store.points().len() >= 30
+    })
+    .await;
+    let counters = agent.sinks()[0].counters.clone();
+    agent.shutdown().await.expect("clean shutdown");
+
+    let points = store.points();
+    assert_whole_rounds(&points);
+    assert_eq!(
+        counters.dropped(),
+        0,
+        "nothing refused with 401 was dropped"
+    );
+    assert_eq!(points.len() as u64, emitted.snapshot().points_emitted);
+    let requests = store.requests();
+    let stale = format!("Bearer {JWT}");
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.authorization.as_deref() == Some(&*stale))
+    );
+    for request in requests.iter().filter(|r| r.points > 0) {
+        assert_eq!(
+            request.authorization.as_deref(),
+            Some(&*format!("Bearer {NEW}"))
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -813,7 +813,7 @@ pub struct Tags<'a> {
 impl<'a> Iterator for Tags<'a> {
     type Item = (Token<'a>, Token<'a>);
 
-    #[inline]
+    #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         let section = self.section;
         let k = usize::from(self.index);
@@ -862,7 +862,7 @@ pub struct Fields<'a> {
 impl<'a> Iterator for Fields<'a> {
     type Item = (Token<'a>, FieldValue<'a>);
 
-    #[inline]
+    #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         let section = self.section;
         let k = usize::from(self.index);

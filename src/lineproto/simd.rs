@@ -80,6 +80,14 @@ pub(crate) trait Block: Copy {
     /// The next narrower block type worth using for the last bytes (itself when none is:
     /// word arithmetic is slower than padding a short tail for 16-byte registers).
     type Half: Block;
+    /// The block of the low `N` bytes of `x` (little-endian; the bytes above 16 are zero).
+    #[inline(always)]
+    fn from_u128(x: u128) -> Self {
+        let mut bytes = [0u8; 32];
+        bytes[..16].copy_from_slice(&x.to_le_bytes());
+        // SAFETY: `bytes` holds 32 >= N readable bytes.
+        unsafe { Self::load(bytes.as_ptr()) }
+    }
 }
 
 /// The portable block: eight bytes in a `u64`, compared with exact SWAR arithmetic.
@@ -97,6 +105,11 @@ impl Word {
 impl Block for Word {
     const N: usize = 8;
     type Half = Word;
+
+    #[inline(always)]
+    fn from_u128(x: u128) -> Self {
+        Word(x as u64)
+    }
 
     #[inline(always)]
     unsafe fn load(p: *const u8) -> Self {
@@ -136,6 +149,13 @@ mod x86 {
     impl Block for Sse2 {
         const N: usize = 16;
         type Half = Self;
+
+        #[inline(always)]
+        fn from_u128(x: u128) -> Self {
+            // SAFETY: SSE2 is part of the x86-64 baseline. Built in registers: a block
+            // stored to memory in two halves and loaded whole would wait for the stores.
+            Sse2(unsafe { _mm_set_epi64x((x >> 64) as i64, x as i64) })
+        }
 
         #[inline(always)]
         fn any_string_special(self) -> bool {
@@ -690,30 +710,28 @@ struct Carry {
     translated: u64,
 }
 
-/// Unescapes one block at `p` whose following byte is `next`, writing from `dst + w`;
-/// returns the new write position.
+/// What unescaping does to one block of a token of kind `K` whose following byte is
+/// `next`: the bytes it drops (each escaping backslash) and the bytes it translates (the
+/// `n`, `r`, `t` of an escape); advances the carried escape state.
 ///
-/// # Safety
-/// `p..p + 2 * N` must be readable and `dst + w..dst + w + N` writable.
+/// The first `skip` bytes of the block are left out (they were done already): the masks
+/// returned describe bytes `skip..N` as bits `0..N - skip`.
 #[inline(always)]
-unsafe fn unescape_block<B: Block, const K: u8>(
-    p: *const u8,
+fn escape_masks<B: Block, const K: u8>(
+    block: B,
     next: u8,
     carry: &mut Carry,
-    dst: *mut u8,
-    mut w: usize,
-) -> usize {
-    let n = B::N;
-    // SAFETY: `p..p + N` is readable (caller).
-    let block = unsafe { B::load(p) };
-    let bs = block.eq(b'\\');
+    skip: usize,
+) -> (u64, u64) {
+    let n = B::N - skip;
+    let bs = block.eq(b'\\') >> skip;
     let next_completes = u64::from(completes_escape::<K>(next)) << (n - 1);
-    let (drops, translate) = if K == STRING {
+    if K == STRING {
         if bs | carry.escaped == 0 {
             (0, 0)
         } else {
-            let nrt = block.eq3(b'n', b'r', b't');
-            let completes = bs | block.eq(b'"') | nrt;
+            let nrt = block.eq3(b'n', b'r', b't') >> skip;
+            let completes = bs | block.eq(b'"') >> skip | nrt;
             let (escaped, carry_out) = escaped_bytes(bs, carry.escaped, n);
             let starts = (escaped >> 1) | (carry_out << (n - 1));
             let drops = starts & ((completes >> 1) | next_completes);
@@ -729,12 +747,53 @@ unsafe fn unescape_block<B: Block, const K: u8>(
             block.eq3(b' ', b',', b'=')
         } else {
             block.eq(b' ') | block.eq(b',')
-        };
+        } >> skip;
         (bs & ((completes >> 1) | next_completes), 0)
-    };
+    }
+}
+
+/// Unescapes one block at `p` whose following byte is `next`, writing from `dst + w`;
+/// returns the new write position.
+///
+/// # Safety
+/// `p..p + N` must be readable, and `p..p + 2 * N` unless `B::STORES_ALL`;
+/// `dst + w..dst + w + 2 * N` must be writable.
+#[inline(always)]
+unsafe fn unescape_block<B: Block, const K: u8>(
+    p: *const u8,
+    next: u8,
+    carry: &mut Carry,
+    dst: *mut u8,
+    w: usize,
+) -> usize {
+    // SAFETY: `p..p + N` is readable (caller).
+    let block = unsafe { B::load(p) };
+    let (drops, translate) = escape_masks::<B, K>(block, next, carry, 0);
+    // SAFETY: the caller's guarantees.
+    unsafe { store_unescaped(block, p, drops, translate, dst, w) }
+}
+
+/// Writes the block loaded from `p` from `dst + w` without the bytes in `drops`,
+/// translating the bytes in `translate` (the `n`, `r`, `t` of escapes); returns the new
+/// write position.
+///
+/// # Safety
+/// `p..p + N` must be readable, and `p..p + 2 * N` unless `B::STORES_ALL`;
+/// `dst + w..dst + w + 2 * N` must be writable.
+#[inline(always)]
+unsafe fn store_unescaped<B: Block>(
+    block: B,
+    p: *const u8,
+    drops: u64,
+    translate: u64,
+    dst: *mut u8,
+    mut w: usize,
+) -> usize {
+    let n = B::N;
     // SAFETY (all stores and loads below): each store writes N bytes at `dst + w` where `w`
     // has advanced by at most N since the call, within the caller's writable range; each
-    // load reads N bytes from `p + seg` with `seg <= N`, within `p..p + 2 * N`.
+    // load reads N bytes from `p + seg` with `seg <= N`, within `p..p + 2 * N` (only blocks
+    // that are not `STORES_ALL` load again); translated bytes are read below `p + N`.
     unsafe {
         if drops == 0 && translate == 0 {
             block.store(dst.add(w));
@@ -760,7 +819,9 @@ unsafe fn unescape_block<B: Block, const K: u8>(
     w
 }
 
-/// Unescapes blocks of `src` from `*r` (writing from `*w`) while two whole blocks remain.
+/// Unescapes blocks of `src` from `*r` (writing from `*w`) while two whole blocks remain,
+/// or, for blocks that store without loading again (`STORES_ALL`), while a whole block and
+/// the byte after it remain.
 ///
 /// # Safety
 /// `dst..dst + src.len() + OVERHANG` must be writable, and `*w <= *r`.
@@ -773,16 +834,20 @@ unsafe fn unescape_run<B: Block, const K: u8>(
     dst: *mut u8,
 ) {
     let n = B::N;
-    while *r + 2 * n <= src.len() {
-        // SAFETY: `src[r..r + 2N]` is readable; the block writes at most `2N` bytes past
-        // `w <= r` (unescaping never grows the text), within `src.len() + OVERHANG`.
+    let ahead = if B::STORES_ALL { 1 } else { n };
+    while *r + n + ahead <= src.len() {
+        // SAFETY: `src[r..r + N + ahead]` is readable, which is what the block reads; it
+        // writes at most `2N` bytes past `w <= r` (unescaping never grows the text), within
+        // `src.len() + OVERHANG`.
         *w = unsafe { unescape_block::<B, K>(src.as_ptr().add(*r), src[*r + n], carry, dst, *w) };
         *r += n;
     }
 }
 
 /// Unescapes `src` (a token of kind `K`) into `dst` with blocks of type `B`, and the last
-/// bytes with blocks of type `T` (at most 16 bytes wide); returns the length written.
+/// bytes with blocks of type `T` (at most 16 bytes wide) or, when `B` stores without
+/// loading again and `src` holds a whole block, with one last block of type `B` that ends
+/// with `src`; returns the length written.
 ///
 /// # Safety
 /// `dst..dst + src.len() + OVERHANG` must be writable.
@@ -794,28 +859,97 @@ unsafe fn unescape_with<B: Block, T: Block, const K: u8>(src: &[u8], dst: *mut u
     // as fewer bytes remain; the escape state carries over whatever the width.
     unsafe {
         unescape_run::<B, K>(src, &mut r, &mut w, &mut carry, dst);
+        if B::STORES_ALL && src.len() >= B::N {
+            // The last 1 to N bytes: one block that ends with `src`, its first bytes (done
+            // already) dropped.
+            if r < src.len() {
+                let q = src.len() - B::N;
+                let skip = r - q;
+                let p = src.as_ptr().add(q);
+                let block = B::load(p);
+                let (drops, translate) = escape_masks::<B, K>(block, 0, &mut carry, skip);
+                let drops = (drops << skip) | low_bits(skip);
+                w = store_unescaped(block, p, drops, translate << skip, dst, w);
+            }
+            return w;
+        }
         unescape_run::<B::Half, K>(src, &mut r, &mut w, &mut carry, dst);
         unescape_run::<T, K>(src, &mut r, &mut w, &mut carry, dst);
     }
-    // The last bytes (fewer than two blocks of `T`), zero-padded so the same blocks apply:
-    // a zero byte is never a backslash nor completes an escape, so it is copied as it is
-    // and the padding written past the text is simply not counted.
+    // The last bytes (fewer than two blocks of `T`), zero-padded so the same masks apply:
+    // a zero byte is never a backslash nor completes an escape, so it is kept as it is and
+    // the padding written past the text is simply not counted. The padded block is built
+    // in registers from loads that overlap bytes already done (a copy into a padded buffer
+    // made each block load wait for the copy's stores: a quarter of unescaping a heartbeat),
+    // and the escapes are taken out of it in registers too.
     let n = T::N;
     debug_assert!(n <= 16);
     let rest = src.len() - r;
     debug_assert!(rest < 2 * n);
-    let mut tail = [0u8; 3 * 16];
-    tail[..rest].copy_from_slice(&src[r..]);
     let mut t = 0;
     while t < rest {
-        // SAFETY: `t <= n`, so `t + 2n <= 3n <= tail.len()`; `w <= r + t`, and the block
-        // writes at most `2n` bytes past it, by `r + 3n <= src.len() + 2n <= src.len() + 32`.
-        w = unsafe {
-            unescape_block::<T, K>(tail.as_ptr().add(t), tail[t + n], &mut carry, dst, w)
-        };
+        let at = r + t;
+        let mut x = load_padded(src, at);
+        let next = src.get(at + n).copied().unwrap_or(0);
+        let (drops, translate) = escape_masks::<T, K>(T::from_u128(x), next, &mut carry, 0);
+        let mut tr = translate;
+        while tr != 0 {
+            let shift = 8 * tr.trailing_zeros();
+            let to = match (x >> shift) as u8 {
+                b'n' => b'\n',
+                b'r' => b'\r',
+                _ => b'\t',
+            };
+            x = (x & !(0xff << shift)) | u128::from(to) << shift;
+            tr &= tr - 1;
+        }
+        // From the highest dropped byte down, so that the lower ones stay where they are.
+        let mut d = drops;
+        let mut kept = n;
+        while d != 0 {
+            let at = 63 - d.leading_zeros();
+            let below = (1u128 << (8 * at)) - 1;
+            x = (x & below) | ((x >> 8) & !below);
+            d &= !(1 << at);
+            kept -= 1;
+        }
+        // SAFETY: `w <= at < src.len()`, so the 16 bytes written end before
+        // `src.len() + 16 <= src.len() + OVERHANG`.
+        unsafe { dst.add(w).cast::<u128>().write_unaligned(x.to_le()) };
+        w += kept;
         t += n;
     }
     w - (t.max(rest) - rest)
+}
+
+/// The bytes of `src` from `at` (which is inside it), zero-padded to 16 bytes as a
+/// little-endian number, read without touching memory past `src`: from the last 16 bytes
+/// of `src` when it has that many, else from smaller loads that overlap.
+#[inline(always)]
+fn load_padded(src: &[u8], at: usize) -> u128 {
+    let len = src.len();
+    debug_assert!(at < len);
+    let u128_at = |i: usize| u128::from_le_bytes(src[i..i + 16].try_into().expect("16 bytes"));
+    if at + 16 <= len {
+        return u128_at(at);
+    }
+    if len >= 16 {
+        // 1 to 15 bytes of the last 16 are before `at`.
+        return u128_at(len - 16) >> (8 * (at + 16 - len));
+    }
+    let s = &src[at..];
+    let k = s.len();
+    let word = |i: usize| u128::from(u64::from_le_bytes(s[i..i + 8].try_into().expect("8")));
+    let half = |i: usize| u128::from(u32::from_le_bytes(s[i..i + 4].try_into().expect("4")));
+    match k {
+        8.. => word(0) | (word(k - 8) >> (8 * (16 - k))) << 64,
+        4.. => half(0) | (half(k - 4) >> (8 * (8 - k))) << 32,
+        // 1 to 3 bytes: the first, middle and last (some the same byte).
+        _ => {
+            let byte = |i: usize| u128::from(s[i]) << (8 * i);
+            byte(0) | byte(k / 2) | byte(k - 1)
+        }
+    }
 }
 
 pub(crate) use super::UnescapeFn;
@@ -922,10 +1056,10 @@ fn best() -> UnescapeFn {
 /// Appends the unescaped form of `raw` (a token of `kind`) to `out`.
 #[inline]
 pub(crate) fn unescape_into(raw: &str, kind: TokenKind, out: &mut String) {
-    // Below 64 bytes AVX2 blocks would not be used (two must fit), so a short token (most
+    // Below 32 bytes AVX2 blocks would not be used (one must fit), so a short token (most
     // of them) skips the indirect call.
     #[cfg(target_arch = "x86_64")]
-    if raw.len() < 64 {
+    if raw.len() < 32 {
         return unescape_sse2(raw, kind, out);
     }
     best()(raw, kind, out)
@@ -1016,6 +1150,23 @@ mod tests {
             escaped,
             newlines,
             high,
+        }
+    }
+
+    #[test]
+    fn padded_loads_hold_the_bytes_from_the_position_then_zeros_for_every_length() {
+        for len in 1..=48usize {
+            let src: Vec<u8> = (0..len).map(|i| 0x80 | (i as u8).wrapping_mul(7)).collect();
+            for at in 0..len {
+                let mut want = [0u8; 16];
+                let real = (len - at).min(16);
+                want[..real].copy_from_slice(&src[at..at + real]);
+                assert_eq!(
+                    load_padded(&src, at),
+                    u128::from_le_bytes(want),
+                    "{len} {at}"
+                );
+            }
         }
     }
 

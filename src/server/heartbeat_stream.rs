@@ -132,25 +132,42 @@ async fn ensure(
             settings.name, subject, info.config.subjects
         )));
     }
-    stream
-        .get_or_create_consumer(
-            &settings.consumer,
-            consumer::pull::Config {
-                durable_name: Some(settings.consumer.clone()),
-                description: Some("ccfleet servers".to_owned()),
-                deliver_policy: consumer::DeliverPolicy::All,
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: settings.ack_wait,
-                // A batch keeps being redelivered while the registry fails: the heartbeats
-                // are kept until they are applied or age out of the stream.
-                max_deliver: -1,
-                max_ack_pending: MAX_ACK_PENDING,
-                filter_subject: subject.to_owned(),
-                ..Default::default()
-            },
-        )
+    // The consumer is ccfleet's own: a changed `ack-wait` is applied to it (create-or-update),
+    // where an existing stream, which operators may manage themselves, is left as it is.
+    if let Ok(mut existing) = stream
+        .get_consumer::<consumer::pull::Config>(&settings.consumer)
         .await
-        .map_err(|e| failed(format!("creating consumer {:?}", settings.consumer), &e))
+        && let Ok(info) = existing.info().await
+        && info.config.ack_wait != settings.ack_wait
+    {
+        tracing::info!(
+            "fleet.heartbeat-stream: consumer {:?} changes ack-wait from {} to {}",
+            settings.consumer,
+            crate::duration::format(info.config.ack_wait),
+            crate::duration::format(settings.ack_wait),
+        );
+    }
+    stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some(settings.consumer.clone()),
+            description: Some("ccfleet servers".to_owned()),
+            deliver_policy: consumer::DeliverPolicy::All,
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: settings.ack_wait,
+            // A batch keeps being redelivered while the registry fails: the heartbeats
+            // are kept until they are applied or age out of the stream.
+            max_deliver: -1,
+            max_ack_pending: MAX_ACK_PENDING,
+            filter_subject: subject.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| {
+            failed(
+                format!("creating or updating consumer {:?}", settings.consumer),
+                &e,
+            )
+        })
 }
 
 /// Messages of the batch in hand and their heartbeats.

@@ -109,7 +109,7 @@ const REGISTRY_SUBSCRIPTION_CAPACITY: usize = 65_536;
 async fn connect_registry_nats(config: &NatsConfig) -> Result<async_nats::Client, ServerError> {
     connect(
         config,
-        "ccfleet-server-registry",
+        ("ccfleet-server-registry", "registry"),
         REGISTRY_SUBSCRIPTION_CAPACITY,
         |_| {},
     )
@@ -125,7 +125,7 @@ async fn connect_nats(
 ) -> Result<async_nats::Client, ServerError> {
     connect(
         config,
-        "ccfleet-server",
+        ("ccfleet-server", "fleet"),
         subscription_capacity,
         move |event| match event {
             async_nats::Event::SlowConsumer(_) => {
@@ -140,15 +140,16 @@ async fn connect_nats(
     .await
 }
 
-/// Connects as `name`; `on_event` sees every connection event before it is reported.
+/// Connects as `name` (the connection name nats-server shows) and logs its events as
+/// `connection = role`; `on_event` sees every connection event before it is reported.
 async fn connect(
     config: &NatsConfig,
-    name: &str,
+    (name, role): (&str, &'static str),
     subscription_capacity: usize,
     on_event: impl Fn(&async_nats::Event) + Send + Sync + 'static,
 ) -> Result<async_nats::Client, ServerError> {
     // An outage is logged once (and its end once), not on every reconnect attempt.
-    let reporter = crate::nats::ConnectionReporter::new(&config.address);
+    let reporter = crate::nats::ConnectionReporter::named(&config.address, role);
     let on_event = Arc::new(on_event);
     let options = config
         .connect_options(name)

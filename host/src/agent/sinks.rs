@@ -385,6 +385,7 @@ pub(crate) fn start(
                 tokio::spawn(run_nats(rx, client.clone(), subject, counters.clone()))
             }
             SinkType::Http => {
+                let jwt_stamp = config.jwt_file.as_deref().and_then(FileStamp::of);
                 let jwt = read_jwt(name, config)?;
                 let url = write_url(config, fleet_cluster);
                 if jwt.is_none() {
@@ -402,6 +403,8 @@ pub(crate) fn start(
                     client,
                     url,
                     jwt,
+                    jwt_stamp,
+                    jwt_unreadable: false,
                     config: config.clone(),
                     counters: counters.clone(),
                 };
@@ -507,15 +510,40 @@ struct HttpSink {
     client: reqwest::Client,
     url: reqwest::Url,
     jwt: Option<Jwt>,
+    /// What `jwt-file` looked like when `jwt` was read from it, to notice a rotated token.
+    jwt_stamp: Option<FileStamp>,
+    /// Whether the latest attempt to re-read `jwt-file` failed (logged once per spell).
+    jwt_unreadable: bool,
     config: SinkConfig,
     counters: Arc<SinkCounters>,
+}
+
+/// The identity of a file's contents as far as `stat` tells: a token rotated by rewriting
+/// the file or by renaming a new one over it changes at least one of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    inode: u64,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(FileStamp {
+            inode: meta.ino(),
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        })
+    }
 }
 
 impl HttpSink {
     /// Batches what arrives into chunks of `batch-size` points (or what `flush-delay`
     /// gathered), keeps them in the bounded retry buffer until cc-metric-store takes them,
     /// and backs off exponentially while it fails.
-    async fn run(self, mut rx: mpsc::Receiver<Batch>) {
+    async fn run(mut self, mut rx: mpsc::Receiver<Batch>) {
         let mut pending: Vec<u8> = Vec::new();
         let mut pending_points = 0usize;
         let mut pending_since: Option<Instant> = None;
@@ -544,7 +572,9 @@ impl HttpSink {
                 && (closed || retry_at.is_none_or(|t| now >= t))
             {
                 let points = front.points;
-                match self.post(front.body.clone()).await {
+                let body = front.body.clone();
+                self.refresh_jwt();
+                match self.post(body).await {
                     Outcome::Sent => {
                         SinkCounters::add(&self.counters.batches, 1);
                         SinkCounters::add(&self.counters.sent, points);
@@ -612,6 +642,35 @@ impl HttpSink {
         }
     }
 
+    /// Takes a rotated token from `jwt-file`: JWTs expire, and an operator who replaces the
+    /// file must not have to restart the agent. One `stat` per request; the file is read
+    /// again only when it changed. An unreadable or invalid file keeps the previous token.
+    fn refresh_jwt(&mut self) {
+        let Some(file) = &self.config.jwt_file else {
+            return;
+        };
+        let stamp = FileStamp::of(file);
+        if stamp.is_some() && stamp == self.jwt_stamp {
+            return;
+        }
+        match read_jwt(&self.name, &self.config) {
+            Ok(jwt) => {
+                if self.jwt_unreadable || self.jwt_stamp.is_some() {
+                    tracing::info!(sink = %self.name, "read the JWT again from jwt-file (it changed)");
+                }
+                self.jwt = jwt;
+                self.jwt_stamp = stamp;
+                self.jwt_unreadable = false;
+            }
+            Err(error) => {
+                if !self.jwt_unreadable {
+                    tracing::warn!(sink = %self.name, %error, "keeping the previous JWT");
+                    self.jwt_unreadable = true;
+                }
+            }
+        }
+    }
+
     async fn post(&self, body: bytes::Bytes) -> Outcome {
         let mut request = self
             .client
@@ -627,8 +686,16 @@ impl HttpSink {
         match request.send().await {
             Ok(response) => {
                 let status = response.status();
+                // A token from a file may be replaced while the batch waits: 401 and 403 keep
+                // it (within the bounded buffer) when the token can change without a restart.
+                let token_may_change = self.config.jwt_file.is_some()
+                    && matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
                 if status.is_success() {
                     Outcome::Sent
+                } else if token_may_change {
+                    Outcome::Retry(format!(
+                        "status {status}: cc-metric-store refused the JWT; replace jwt-file and it is read again"
+                    ))
                 } else if status == StatusCode::TOO_MANY_REQUESTS || !status.is_client_error() {
                     Outcome::Retry(format!("status {status}"))
                 } else {

@@ -95,6 +95,9 @@ pub const DIGEST_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a request naming an instance this server does not know waits for the watch to
 /// catch up with the bucket.
 pub const CATCH_UP_WAIT: Duration = Duration::from_secs(2);
+/// How long the bucket watch may deliver nothing before the bucket is asked whether it moved
+/// on; a watch found behind at two such looks in a row is replaced (see `watch_task`).
+pub const WATCH_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// How long start-up waits for JetStream to answer before it gives up.
 pub const OPEN_WAIT: Duration = Duration::from_secs(30);
 /// How long a JetStream request or write waits for its answer.
@@ -1102,11 +1105,43 @@ async fn watch_task(kv: kv::Store, replica: Arc<Replica>, mut shutdown: watch::R
                 }
             }
         };
+        // The bucket's last revision seen at the previous silent look, if the watch was
+        // behind it then.
+        let mut behind: Option<u64> = None;
         loop {
             let next = tokio::select! {
                 _ = super::super::stopped(&mut shutdown) => return,
                 next = stream.next() => next,
+                // A watch can fall silent without an error: the client library recreating
+                // its consumer may wait forever for one placed on a NATS node that just
+                // died, and heartbeats keep a stuck consumer looking alive.
+                _ = tokio::time::sleep(WATCH_CHECK_INTERVAL) => {
+                    count(1);
+                    let last = tokio::time::timeout(REQUEST_TIMEOUT, kv.stream.get_info())
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .map(|info| info.state.last_sequence);
+                    match last {
+                        Some(last) if last > received => {
+                            if behind.is_some() {
+                                tracing::warn!(
+                                    "fleet registry: the bucket watch delivered nothing for {} \
+                                     while the bucket moved on (revision {last}, the watch is at \
+                                     {received}); watching anew",
+                                    crate::duration::format(WATCH_CHECK_INTERVAL * 2),
+                                );
+                                break;
+                            }
+                            behind = Some(last);
+                        }
+                        // Up to date, or JetStream did not answer: nothing to tell yet.
+                        _ => behind = None,
+                    }
+                    continue;
+                }
             };
+            behind = None;
             let first = match next {
                 Some(Ok(entry)) => entry,
                 Some(Err(e)) => {
