@@ -932,3 +932,111 @@ async fn compiled_components_are_cached_on_disk() {
     let _: Arc<str> = loaded.plugin;
     plugin.stop().await;
 }
+
+/// The agent's log lines of this test binary, as the `tracing` formatter writes them.
+fn captured_log() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOG: std::sync::OnceLock<&'static std::sync::Mutex<Vec<u8>>> =
+        std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let log: &'static std::sync::Mutex<Vec<u8>> =
+            Box::leak(Box::new(std::sync::Mutex::new(Vec::new())));
+        struct Writer(&'static std::sync::Mutex<Vec<u8>>);
+        impl std::io::Write for Writer {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || Writer(log))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+        log
+    })
+}
+
+/// The captured log lines that hold every one of `needles`.
+fn log_lines_with(needles: &[&str]) -> usize {
+    let log = captured_log().lock().unwrap();
+    String::from_utf8_lossy(&log)
+        .lines()
+        .filter(|line| needles.iter().all(|n| line.contains(n)))
+        .count()
+}
+
+/// Waits for `count` failed `collect` calls of `plugin`.
+async fn failed_collects(
+    events: &mut broadcast::Receiver<PluginEvent>,
+    plugin: &str,
+    count: usize,
+) {
+    for n in 0..count {
+        wait_for(events, plugin, &format!("failed collect {n}"), |e| {
+            matches!(
+                e.kind,
+                EventKind::CallFailed {
+                    call: "collect",
+                    ..
+                }
+            )
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_failing_the_same_way_every_round_is_logged_once_and_again_when_that_changes() {
+    captured_log();
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = runtime(cache.path());
+    let mut events = runtime.subscribe();
+    let (sink, mut rx) = sink::channel(64);
+    let feeds = FeedSenders::new();
+    // `tempstat` on a node without hwmon: every collect fails, as on most virtual machines.
+    let root = tempfile::tempdir().unwrap();
+    let name = "tempstat-without-hwmon";
+    let mut tempstat = spec("tempstat");
+    tempstat.name = Some(name.to_owned());
+    tempstat.config = serde_json::json!({"hostname": "node1"});
+    tempstat.capabilities.read_files = vec!["/sys/class/hwmon/**".to_owned()];
+    tempstat.capabilities.files_root = Some(root.path().to_path_buf());
+    tempstat.collect_interval = Some(Duration::from_millis(20));
+    let plugin = runtime.spawn(tempstat, feeds.subscribe(), sink);
+    let failed = [name, "plugin call failed", "cannot list /sys/class/hwmon"];
+
+    failed_collects(&mut events, name, 5).await;
+    assert_eq!(log_lines_with(&failed), 1, "five failed rounds, one report");
+
+    // Sensors appear: the recovery is logged, and points flow.
+    let hwmon = root.path().join("sys/class/hwmon/hwmon0");
+    std::fs::create_dir_all(&hwmon).unwrap();
+    std::fs::write(hwmon.join("name"), "acpitz\n").unwrap();
+    std::fs::write(hwmon.join("temp1_input"), "41000\n").unwrap();
+    let batch = next_batch(&mut rx).await;
+    assert!(
+        String::from_utf8_lossy(&batch.lines).contains("temp_acpitz"),
+        "{:?}",
+        batch.lines
+    );
+    let recovered = tokio::time::timeout(WAIT, async {
+        while log_lines_with(&[name, "plugin call succeeds again", "collect"]) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(recovered.is_ok(), "the recovery is logged");
+
+    // They go away again: that failure is news and is logged, once.
+    std::fs::remove_dir_all(root.path().join("sys/class/hwmon")).unwrap();
+    failed_collects(&mut events, name, 5).await;
+    assert_eq!(
+        log_lines_with(&failed),
+        2,
+        "two failure spells, two reports"
+    );
+    plugin.stop().await;
+}

@@ -14,9 +14,14 @@
 //!   under the file root, in the same top-level tree as the path asked for (`/sys` stays in
 //!   `/sys`), and must not be refused. The one per-process place reachable is the network
 //!   view behind `/proc/net` (`/proc/<pid>/net/...`), and only through `/proc/net`;
-//! - the resolved file is opened without following links, without blocking, and the opened
-//!   descriptor is checked to be that very file (a link swapped in between is caught) and a
-//!   regular file (or a directory, for listing);
+//! - the file is opened without blocking and checked to be a regular file (or a directory,
+//!   for listing). Where the kernel has `openat2(2)` the path is resolved and opened in one
+//!   call beneath a cached descriptor of its top-level directory (`RESOLVE_BENEATH`: no link
+//!   leaves the tree; `RESOLVE_NO_MAGICLINKS`: no `/proc/<pid>/fd`-style jumps), and the
+//!   opened descriptor's own path is checked as above before a byte is read (opening a file
+//!   of `/proc` or `/sys` has no effect by itself). Where it has not, or for anything that
+//!   call refuses, the path is resolved on the host first, opened without following links,
+//!   and the descriptor checked to be that very file (a link swapped in between is caught);
 //! - the files the agent keeps its own secrets in (token file, NATS credentials, its
 //!   configuration, the compile cache's key: [`crate::RuntimeOptions::secret_files`]) are
 //!   refused whatever the grant, matched by resolved path and by inode (a hard link is
@@ -26,12 +31,15 @@
 //! `capabilities.files-root` (default `/`) puts the whole view under another directory, for
 //! fixtures: the plugin still asks for `/proc/stat` and gets `<root>/proc/stat`.
 
+use std::ffi::{CStr, CString, OsString};
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use ccfleet::untrusted::Untrusted;
 
@@ -208,6 +216,30 @@ pub struct FileGrants {
     root: PathBuf,
     max_bytes: usize,
     secrets: Arc<[PathBuf]>,
+    trees: Arc<Mutex<Trees>>,
+}
+
+/// Directory descriptors (`O_PATH`) of the file root and of its top-level directories
+/// (`proc`, `sys`, ...), opened on first use: every later read resolves beneath one of them
+/// in a single `openat2` call. Only directories that opened are kept.
+#[derive(Debug, Default)]
+struct Trees {
+    root: Option<Arc<OwnedFd>>,
+    tops: Vec<(String, Arc<OwnedFd>)>,
+}
+
+/// Cleared when the kernel turns out not to have `openat2` (before Linux 5.6).
+static OPENAT2: AtomicBool = AtomicBool::new(true);
+
+/// How a resolution through `openat2` ended.
+enum Beneath {
+    /// Opened: the file and the path it really is.
+    Opened(File, PathBuf),
+    /// The file does not exist (reported as is, as the host-side resolution would).
+    Missing(std::io::Error),
+    /// Not resolved this way (no `openat2`, a link leaving the tree, a top-level name that
+    /// is a link, ...): the host-side resolution decides, and names the reason.
+    Elsewhere,
 }
 
 /// What an opened path must be.
@@ -247,6 +279,7 @@ impl FileGrants {
             root,
             max_bytes,
             secrets: Arc::from(Vec::new()),
+            trees: Arc::default(),
         })
     }
 
@@ -259,12 +292,23 @@ impl FileGrants {
     /// Whether the opened file (resolved to `real`) is one of the agent's secrets: the same
     /// path, below a secret directory, or the same inode. Secrets are looked up at each read,
     /// since a token file may be replaced (and may not exist yet when the agent starts).
+    ///
+    /// A secret that is a file is caught by its inode alone (one `stat`: the same path is the
+    /// same inode); only a secret directory needs its resolved path, to catch what lies below
+    /// it. A secret that does not exist cannot be the opened file; its path as given is still
+    /// compared.
     fn is_secret(&self, real: &Path, opened: &std::fs::Metadata) -> bool {
         self.secrets.iter().any(|secret| {
-            let resolved = std::fs::canonicalize(secret).unwrap_or_else(|_| secret.clone());
-            real.starts_with(&resolved)
-                || std::fs::metadata(secret)
-                    .is_ok_and(|m| m.dev() == opened.dev() && m.ino() == opened.ino())
+            if real.starts_with(secret) {
+                return true;
+            }
+            match std::fs::metadata(secret) {
+                Ok(m) if m.dev() == opened.dev() && m.ino() == opened.ino() => true,
+                Ok(m) if m.is_dir() => {
+                    std::fs::canonicalize(secret).is_ok_and(|resolved| real.starts_with(resolved))
+                }
+                _ => false,
+            }
         })
     }
 
@@ -275,6 +319,7 @@ impl FileGrants {
             root: PathBuf::from("/"),
             max_bytes: 0,
             secrets: Arc::from(Vec::new()),
+            trees: Arc::default(),
         }
     }
 
@@ -338,12 +383,10 @@ impl FileGrants {
     pub fn list(&self, path: &str) -> Result<Vec<String>, String> {
         let names = self.check(path, Kind::Dir)?;
         let (dir, _) = self.open(path, &names, Kind::Dir)?;
-        let entries =
-            std::fs::read_dir(fd_path(&dir)).map_err(|e| format!("{}: {e}", Untrusted(path)))?;
+        let entries = dir_names(&dir).map_err(|e| format!("{}: {e}", Untrusted(path)))?;
         let mut out = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|e| format!("{}: {e}", Untrusted(path)))?;
-            let Ok(name) = entry.file_name().into_string() else {
+            let Ok(name) = entry.into_string() else {
                 continue;
             };
             let mut child = names.clone();
@@ -387,7 +430,7 @@ impl FileGrants {
         Ok(names)
     }
 
-    /// Resolves the path under the root, checks where it really leads and opens that.
+    /// Opens the path under the root where it really leads, once that is checked.
     fn open(
         &self,
         path: &str,
@@ -395,44 +438,15 @@ impl FileGrants {
         kind: Kind,
     ) -> Result<(File, std::fs::Metadata), String> {
         let fail = |why: &dyn std::fmt::Display| format!("{}: {why}", Untrusted(path));
-        let mut host = self.root.clone();
-        host.extend(names);
-        let real = std::fs::canonicalize(&host).map_err(|e| fail(&e))?;
-        let inside = real
-            .strip_prefix(&self.root)
-            .map_err(|_| fail(&"leads outside the plugin's file root"))?;
-        let real_names =
-            path_names(inside).ok_or_else(|| fail(&"leads to a name that is not UTF-8"))?;
-        if real_names.first() != names.first() {
-            return Err(fail(&format_args!(
-                "leads outside /{}",
-                names.first().copied().unwrap_or_default()
-            )));
-        }
-        let via_proc_net = names.starts_with(&["proc", "net"]);
-        if let Some(why) = denied(&real_names, via_proc_net) {
-            return Err(fail(&why));
-        }
-        if self.root != Path::new("/")
-            && let Some(why) = path_names(&real).and_then(|all| denied(&all, false))
-        {
-            return Err(fail(&why));
-        }
-        // Not following a link, not blocking on a FIFO or device in a fixture directory.
-        let mut flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
-        if kind == Kind::Dir {
-            flags |= libc::O_DIRECTORY;
-        }
-        let mut options = std::fs::OpenOptions::new();
-        options.read(true).custom_flags(flags);
-        let file = options.open(&real).map_err(|e| fail(&e))?;
-        // A link swapped into the path after it was resolved would have opened something
-        // else: the descriptor must be the file that was checked.
-        match std::fs::read_link(fd_path(&file)) {
-            Ok(opened) if opened == real => {}
-            Ok(_) => return Err(fail(&"changed while it was opened")),
-            Err(e) => return Err(fail(&format_args!("cannot verify the opened file: {e}"))),
-        }
+        let (file, real) = match self.open_beneath(names, kind) {
+            Beneath::Opened(file, real) => {
+                // Checked before anything is read; dropping the file closes it.
+                self.check_real(names, &real).map_err(|why| fail(&why))?;
+                (file, real)
+            }
+            Beneath::Missing(e) => return Err(fail(&e)),
+            Beneath::Elsewhere => self.open_resolved(names, kind).map_err(|why| fail(&why))?,
+        };
         let meta = file.metadata().map_err(|e| fail(&e))?;
         if self.is_secret(&real, &meta) {
             return Err(fail(
@@ -448,6 +462,212 @@ impl FileGrants {
             _ => Ok((file, meta)),
         }
     }
+
+    /// Checks where a path asked for as `names` really leads (`real`, a host path): under
+    /// the root, in the same top-level tree, not refused.
+    fn check_real(&self, names: &[&str], real: &Path) -> Result<(), String> {
+        let inside = real
+            .strip_prefix(&self.root)
+            .map_err(|_| "leads outside the plugin's file root".to_owned())?;
+        let real_names =
+            path_names(inside).ok_or_else(|| "leads to a name that is not UTF-8".to_owned())?;
+        if real_names.first() != names.first() {
+            return Err(format!(
+                "leads outside /{}",
+                names.first().copied().unwrap_or_default()
+            ));
+        }
+        let via_proc_net = names.starts_with(&["proc", "net"]);
+        if let Some(why) = denied(&real_names, via_proc_net) {
+            return Err(why.to_owned());
+        }
+        if self.root != Path::new("/")
+            && let Some(why) = path_names(real).and_then(|all| denied(&all, false))
+        {
+            return Err(why.to_owned());
+        }
+        Ok(())
+    }
+
+    /// Resolves and opens the path in one `openat2` call beneath its top-level directory.
+    /// Paths of fewer than two names (a top-level directory itself) take the host-side way.
+    #[cfg(target_os = "linux")]
+    fn open_beneath(&self, names: &[&str], kind: Kind) -> Beneath {
+        let [top, rest @ ..] = names else {
+            return Beneath::Elsewhere;
+        };
+        if rest.is_empty() || !OPENAT2.load(Ordering::Relaxed) {
+            return Beneath::Elsewhere;
+        }
+        let Some(tree) = self.tree(top) else {
+            return Beneath::Elsewhere;
+        };
+        // The names are plain (no NUL, no `.` or `..`): checked before.
+        let Ok(rest) = CString::new(rest.join("/")) else {
+            return Beneath::Elsewhere;
+        };
+        let mut flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC;
+        if kind == Kind::Dir {
+            flags |= libc::O_DIRECTORY;
+        }
+        let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+        let file = match openat2(&tree, &rest, flags, resolve) {
+            Ok(fd) => File::from(fd),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Beneath::Missing(e),
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::ENOSYS) {
+                    OPENAT2.store(false, Ordering::Relaxed);
+                }
+                return Beneath::Elsewhere;
+            }
+        };
+        // Where the descriptor really is, whatever links the kernel followed.
+        match std::fs::read_link(fd_path(&file)) {
+            Ok(real) => Beneath::Opened(file, real),
+            Err(_) => Beneath::Elsewhere,
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn open_beneath(&self, _names: &[&str], _kind: Kind) -> Beneath {
+        Beneath::Elsewhere
+    }
+
+    /// The directory descriptor of the top-level name `top` under the root, opened now if it
+    /// is not yet. A top-level name that is a link or not a directory has none.
+    #[cfg(target_os = "linux")]
+    fn tree(&self, top: &str) -> Option<Arc<OwnedFd>> {
+        let mut trees = self.trees.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, fd)) = trees.tops.iter().find(|(name, _)| name == top) {
+            return Some(fd.clone());
+        }
+        let path_only = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+        let root = match &trees.root {
+            Some(root) => root.clone(),
+            None => {
+                let path = CString::new(self.root.as_os_str().as_bytes()).ok()?;
+                // SAFETY: a valid C string; the descriptor returned is owned below.
+                let fd = unsafe { libc::open(path.as_ptr(), path_only) };
+                if fd < 0 {
+                    return None;
+                }
+                // SAFETY: `fd` was just opened and nothing else owns it.
+                let root = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+                trees.root = Some(root.clone());
+                root
+            }
+        };
+        let name = CString::new(top).ok()?;
+        let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS;
+        let fd = match openat2(&root, &name, path_only, resolve) {
+            Ok(fd) => Arc::new(fd),
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::ENOSYS) {
+                    OPENAT2.store(false, Ordering::Relaxed);
+                }
+                return None;
+            }
+        };
+        trees.tops.push((top.to_owned(), fd.clone()));
+        Some(fd)
+    }
+
+    /// Resolves the path on the host, checks where it leads, opens that without following
+    /// links and checks the descriptor is that very file.
+    fn open_resolved(&self, names: &[&str], kind: Kind) -> Result<(File, PathBuf), String> {
+        let mut host = self.root.clone();
+        host.extend(names);
+        let real = std::fs::canonicalize(&host).map_err(|e| e.to_string())?;
+        self.check_real(names, &real)?;
+        // Not following a link, not blocking on a FIFO or device in a fixture directory.
+        let mut flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+        if kind == Kind::Dir {
+            flags |= libc::O_DIRECTORY;
+        }
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true).custom_flags(flags);
+        let file = options.open(&real).map_err(|e| e.to_string())?;
+        // A link swapped into the path after it was resolved would have opened something
+        // else: the descriptor must be the file that was checked.
+        match std::fs::read_link(fd_path(&file)) {
+            Ok(opened) if opened == real => Ok((file, real)),
+            Ok(_) => Err("changed while it was opened".to_owned()),
+            Err(e) => Err(format!("cannot verify the opened file: {e}")),
+        }
+    }
+}
+
+/// `openat2(2)`: opens `path` relative to `dir` with `flags`, resolving under `resolve`.
+#[cfg(target_os = "linux")]
+fn openat2(
+    dir: &OwnedFd,
+    path: &CStr,
+    flags: libc::c_int,
+    resolve: u64,
+) -> std::io::Result<OwnedFd> {
+    // SAFETY: `open_how` is plain data; all-zero is its neutral value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = flags as u64;
+    how.resolve = resolve;
+    // SAFETY: a valid directory descriptor, a valid C string, and `how` lives for the call
+    // with its size passed along.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the call returned a new descriptor that nothing else owns (the cast cannot
+    // truncate: descriptors are ints).
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// The names in an open directory, read from its descriptor (`.` and `..` left out).
+fn dir_names(dir: &File) -> std::io::Result<Vec<OsString>> {
+    // The stream takes a descriptor of its own, closed with it.
+    // SAFETY: duplicating an open descriptor.
+    let fd = unsafe { libc::fcntl(dir.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is an open directory descriptor that the stream takes over.
+    let stream = unsafe { libc::fdopendir(fd) };
+    if stream.is_null() {
+        let error = std::io::Error::last_os_error();
+        // SAFETY: the stream did not take the descriptor.
+        unsafe { libc::close(fd) };
+        return Err(error);
+    }
+    let mut names = Vec::new();
+    let result = loop {
+        // readdir reports an error only through errno, and the end of the stream by NULL.
+        // SAFETY: errno is this thread's; the stream is open.
+        let entry = unsafe {
+            *libc::__errno_location() = 0;
+            libc::readdir(stream)
+        };
+        if entry.is_null() {
+            let error = std::io::Error::last_os_error();
+            break match error.raw_os_error() {
+                Some(0) | None => Ok(()),
+                Some(_) => Err(error),
+            };
+        }
+        // SAFETY: a non-NULL entry holds a NUL-terminated name until the next readdir.
+        let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) }.to_bytes();
+        if name != b"." && name != b".." {
+            names.push(OsString::from_vec(name.to_vec()));
+        }
+    };
+    // SAFETY: the stream is open and closed once, with its descriptor.
+    unsafe { libc::closedir(stream) };
+    result.map(|()| names)
 }
 
 /// The `/proc/self/fd` entry of an open file: the file itself, whatever its path is now.
@@ -540,6 +760,72 @@ mod tests {
         let err = Pattern::parse("/proc/self/environ").unwrap_err();
         assert!(err.contains("per-process"), "{err}");
         assert!(Pattern::parse("/proc/a**").is_err());
+    }
+
+    #[test]
+    fn secrets_are_refused_by_inode_through_links_and_below_a_secret_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let at = |p: &str| root.path().join(p);
+        std::fs::create_dir_all(at("keys")).unwrap();
+        std::fs::write(at("keys/inner.key"), "k").unwrap();
+        std::fs::write(at("token"), "t").unwrap();
+        std::fs::write(at("other"), "fine").unwrap();
+        std::fs::hard_link(at("token"), at("innocent")).unwrap();
+        std::os::unix::fs::symlink("keys", at("keys-link")).unwrap();
+        // The secrets as the agent may be told them: a file, and a directory through a link.
+        let secrets: Arc<[PathBuf]> = Arc::from(vec![at("token"), at("keys-link")]);
+        let grants = FileGrants::new(&["/**".to_owned()], Some(root.path()), 1 << 20)
+            .unwrap()
+            .with_secrets(secrets);
+        for path in ["/token", "/innocent", "/keys/inner.key"] {
+            let err = grants.read(path).unwrap_err();
+            assert!(err.contains("agent's own secrets"), "{path}: {err}");
+        }
+        assert_eq!(grants.read("/other").unwrap(), b"fine");
+        // A replaced token file is caught at once: secrets are looked up at every read.
+        std::fs::remove_file(at("token")).unwrap();
+        std::fs::rename(at("other"), at("token")).unwrap();
+        assert!(grants.read("/innocent").is_ok());
+        assert!(grants.read("/token").is_err());
+    }
+
+    #[test]
+    fn a_link_leaving_its_top_level_tree_is_refused_whichever_way_it_is_resolved() {
+        let root = tempfile::tempdir().unwrap();
+        let at = |p: &str| root.path().join(p);
+        std::fs::create_dir_all(at("sys/devices/hwmon0")).unwrap();
+        std::fs::create_dir_all(at("sys/class/hwmon")).unwrap();
+        std::fs::create_dir_all(at("etc")).unwrap();
+        std::fs::write(at("sys/devices/hwmon0/temp1_input"), "41000\n").unwrap();
+        std::fs::write(at("etc/shadow"), "x").unwrap();
+        std::os::unix::fs::symlink("../../devices/hwmon0", at("sys/class/hwmon/hwmon0")).unwrap();
+        std::os::unix::fs::symlink("../../../etc", at("sys/class/hwmon/hwmon1")).unwrap();
+        let absolute = at("sys/devices/hwmon0");
+        std::os::unix::fs::symlink(&absolute, at("sys/class/hwmon/hwmon2")).unwrap();
+        let grants = FileGrants::new(&["/sys/**".to_owned()], Some(root.path()), 1 << 20).unwrap();
+        // A relative link within /sys is followed, for reading and for listing.
+        let path = "/sys/class/hwmon/hwmon0/temp1_input";
+        assert_eq!(grants.read(path).unwrap(), b"41000\n");
+        assert_eq!(
+            grants.list("/sys/class/hwmon/hwmon0").unwrap(),
+            ["temp1_input"]
+        );
+        assert_eq!(
+            grants.list("/sys/class/hwmon").unwrap(),
+            ["hwmon0", "hwmon1", "hwmon2"]
+        );
+        // One out of /sys is not.
+        let err = grants.read("/sys/class/hwmon/hwmon1/shadow").unwrap_err();
+        assert!(err.contains("leads outside /sys"), "{err}");
+        // An absolute link (which `openat2` beneath /sys refuses to follow) is resolved on
+        // the host instead, and is served as it leads into /sys.
+        let path = "/sys/class/hwmon/hwmon2/temp1_input";
+        assert_eq!(grants.read(path).unwrap(), b"41000\n");
+        // A missing file is reported as missing.
+        let err = grants
+            .read("/sys/class/hwmon/hwmon0/temp1_label")
+            .unwrap_err();
+        assert!(err.contains("No such file"), "{err}");
     }
 
     #[test]

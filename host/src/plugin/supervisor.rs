@@ -73,6 +73,7 @@ fn spawn(runtime: Runtime, spec: PluginSpec, feeds: Feeds, sink: SinkHandle) -> 
         crashed_on: None,
         withheld: Vec::new(),
         stats: stats.clone(),
+        failing: Vec::new(),
     };
     let task = tokio::spawn(supervisor.run());
     PluginHandle::new(name, status, stop, task, stats)
@@ -135,6 +136,10 @@ struct Supervisor {
     withheld: Vec<Snapshot>,
     /// Calls, their outcomes and latency, for the agent's metrics.
     stats: Arc<PluginStats>,
+    /// The calls failing now with the error each last returned: a call that fails the same
+    /// way round after round (a collector on a node without its hardware) is logged once,
+    /// then again when its error changes, and its recovery is logged too.
+    failing: Vec<(&'static str, String)>,
 }
 
 impl Supervisor {
@@ -214,6 +219,8 @@ impl Supervisor {
                     tracing::info!(plugin = &*self.name, hash = %next.hash, "plugin file changed; reloading");
                     self.event(EventKind::Reloading);
                     self.policy.reset();
+                    // A new version's failures are news.
+                    self.failing.clear();
                     self.status
                         .send_modify(|s| s.hash = Some(next.hash.clone()));
                     loaded = Some(next);
@@ -365,8 +372,30 @@ impl Supervisor {
         // Survived: whatever was in flight did not end the instance.
         self.in_flight = None;
         match result {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                if let Some(at) = self.failing.iter().position(|(c, _)| *c == call) {
+                    self.failing.swap_remove(at);
+                    tracing::info!(plugin = &*self.name, call, "plugin call succeeds again");
+                }
+                Ok(true)
+            }
             Err(message) => {
+                let known = match self.failing.iter_mut().find(|(c, _)| *c == call) {
+                    Some((_, last)) if *last == message => true,
+                    Some((_, last)) => {
+                        last.clone_from(&message);
+                        false
+                    }
+                    None => {
+                        self.failing.push((call, message.clone()));
+                        false
+                    }
+                };
+                if known {
+                    // Reported when it began; observers still get every failure.
+                    self.event(EventKind::CallFailed { call, message });
+                    return Ok(false);
+                }
                 // The message is capped already; the rate limit is the plugin's log budget.
                 let admission = self.logs.admit();
                 if admission.report_dropped > 0 {
@@ -383,7 +412,7 @@ impl Supervisor {
                     tracing::warn!(
                         plugin = &*self.name,
                         call,
-                        "plugin call failed: {}",
+                        "plugin call failed (logged again when the error changes): {}",
                         Untrusted(&message).capped(MAX_ERROR_MESSAGE + 32)
                     );
                 }
