@@ -1242,6 +1242,58 @@ mod tests {
         assert!(lines > 400);
     }
 
+    /// A line of `n` integer fields `f<k>=<k * seed>i`.
+    fn many_fields_line(n: usize, seed: i64) -> String {
+        let fields: Vec<String> = (0..n)
+            .map(|k| format!("f{k}={}i", k as i64 * seed))
+            .collect();
+        format!("m,t=x {}\n", fields.join(","))
+    }
+
+    /// The fields of a line, which must be those of `many_fields_line(n, seed)`.
+    fn assert_many_fields(line: &Line<'_>, n: usize, seed: i64) {
+        let got: Vec<(String, FieldValue<'_>)> = line
+            .fields()
+            .map(|(k, v)| (k.raw().to_owned(), v))
+            .collect();
+        let want: Vec<(String, FieldValue<'_>)> = (0..n)
+            .map(|k| (format!("f{k}"), FieldValue::Int(k as i64 * seed)))
+            .collect();
+        assert_eq!(got, want, "{n} fields, seed {seed}");
+    }
+
+    #[test]
+    fn fields_past_the_kept_ones_read_right_whichever_line_the_thread_decoded_last() {
+        // Shorter lines after longer ones, each by a new decoder: the table's storage is
+        // reused and must hold only the line's own fields (it once held an earlier line's
+        // too, which made reading them wrong or panic).
+        for (n, seed) in [(20, 3), (6, 5), (6, 7), (5, 11), (30, 13), (7, 17), (5, 19)] {
+            let text = many_fields_line(n, seed);
+            let line = Decoder::new(text.as_bytes()).next().unwrap().unwrap();
+            assert_many_fields(&line, n, seed);
+        }
+        // Lines kept while later ones are decoded (the table holds the last one only), and
+        // a line read on another thread (whose table holds none of this thread's lines).
+        let text: String = (1..=4)
+            .map(|i| many_fields_line(4 + 3 * i, i as i64))
+            .collect();
+        let lines: Vec<Line<'_>> = Decoder::new(text.as_bytes()).map(Result::unwrap).collect();
+        for (i, line) in lines.iter().enumerate().rev() {
+            assert_many_fields(line, 7 + 3 * i, i as i64 + 1);
+        }
+        let other = many_fields_line(9, 23);
+        let _ = Decoder::new(other.as_bytes()).next();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let _ = Decoder::new(other.as_bytes()).next();
+                for (i, line) in lines.iter().enumerate() {
+                    assert_many_fields(line, 7 + 3 * i, i as i64 + 1);
+                }
+            });
+        });
+        assert_many_fields(&lines[3], 16, 4);
+    }
+
     #[test]
     fn timestamps_built_while_scanned_agree_with_the_integer_parser() {
         let mut stamps = vec![
