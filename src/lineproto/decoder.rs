@@ -74,9 +74,9 @@ pub struct Line<'a> {
     more_fields: u64,
 }
 
-/// How many tags, and how many fields, of a line the decoder keeps what it found while
-/// validating them: enough for fleet messages and most metric lines. A line with more has
-/// the rest scanned again when read.
+/// How many tags, and how many fields, of a line the `Line` keeps what the decoder found
+/// while validating them: enough for fleet messages and most metric lines. Tags past these
+/// are scanned again when read; fields past these are kept in [`MoreFields`].
 const KNOWN: usize = 4;
 
 /// Where the first tags of a line end, found while validating it, so that reading them
@@ -1272,6 +1272,14 @@ mod tests {
             let line = Decoder::new(text.as_bytes()).next().unwrap().unwrap();
             assert_many_fields(&line, n, seed);
         }
+        // A line that fails after its fifth field leaves nothing to the next.
+        let text = format!(
+            "m f0=1,f1=2,f2=3,f3=4,f4=5,f5=6 x\n{}",
+            many_fields_line(6, 29)
+        );
+        let got: Vec<_> = Decoder::new(text.as_bytes()).collect();
+        assert!(got[0].is_err(), "{text:?}");
+        assert_many_fields(got[1].as_ref().unwrap(), 6, 29);
         // Lines kept while later ones are decoded (the table holds the last one only), and
         // a line read on another thread (whose table holds none of this thread's lines).
         let text: String = (1..=4)
