@@ -21,6 +21,9 @@
 //! request carries an Ed25519 token (the same one, as a fleet's agents do) unless
 //! `STORM_AUTH=off`.
 //!
+//! Rust code allocates with mimalloc, as the `ccfleet` binary does
+//! (`STORM_ALLOCATOR=system`: with the C library's malloc instead).
+//!
 //! Host names are sequential (`n0000000`, `n0000001`, ...) unless `STORM_NAMES=random`.
 //! `STORM_DIR` puts the database in a given directory (default: a temporary one). Every
 //! registration must answer 201 with an instance id and be a row afterwards; the run fails
@@ -32,7 +35,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ccfleet::server::ServerConfig;
@@ -145,47 +148,107 @@ fn thread_cpu(name: &str) -> Duration {
 }
 
 /// Counts the bytes Rust code allocated and not yet freed (SQLite allocates through libc
-/// directly), so the child can tell what the index holds.
+/// directly), so the child can tell what the index holds. Allocates with mimalloc, as the
+/// `ccfleet` binary does (`STORM_ALLOCATOR=system`: with the C library's malloc instead).
 struct Counting;
 
 static LIVE: AtomicU64 = AtomicU64::new(0);
+/// Which allocator Rust allocations go to: 0 before the first allocation, then
+/// [`MIMALLOC`] or [`SYSTEM`] for the rest of the process.
+static CHOICE: AtomicU8 = AtomicU8::new(0);
+const MIMALLOC: u8 = 1;
+const SYSTEM: u8 = 2;
 
-// SAFETY: every call is forwarded to the system allocator unchanged; only a counter is kept.
+impl Counting {
+    /// Whether the C library's malloc serves this process, decided once, at the first
+    /// allocation (before `main`), from `STORM_ALLOCATOR`.
+    fn system() -> bool {
+        match CHOICE.load(Ordering::Relaxed) {
+            MIMALLOC => false,
+            SYSTEM => true,
+            _ => {
+                unsafe extern "C" {
+                    fn getenv(name: *const std::ffi::c_char) -> *const std::ffi::c_char;
+                }
+                // SAFETY: a NUL-terminated name; getenv allocates nothing, and the value,
+                // if any, is a NUL-terminated string the environment keeps.
+                let system = unsafe {
+                    let value = getenv(c"STORM_ALLOCATOR".as_ptr());
+                    !value.is_null() && std::ffi::CStr::from_ptr(value).to_bytes() == b"system"
+                };
+                let choice = if system { SYSTEM } else { MIMALLOC };
+                // Threads racing on the first allocation read the same environment.
+                CHOICE.store(choice, Ordering::Relaxed);
+                system
+            }
+        }
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to one allocator, the same one for the whole
+// process (chosen at its first allocation); only a counter is kept.
 unsafe impl std::alloc::GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size() as u64, Ordering::Relaxed);
         // SAFETY: the caller's contract is passed on.
-        unsafe { std::alloc::System.alloc(layout) }
+        unsafe {
+            if Self::system() {
+                std::alloc::System.alloc(layout)
+            } else {
+                mimalloc::MiMalloc.alloc(layout)
+            }
+        }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
         LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
         // SAFETY: the caller's contract is passed on.
-        unsafe { std::alloc::System.dealloc(ptr, layout) }
+        unsafe {
+            if Self::system() {
+                std::alloc::System.dealloc(ptr, layout)
+            } else {
+                mimalloc::MiMalloc.dealloc(ptr, layout)
+            }
+        }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
         LIVE.fetch_add(size as u64, Ordering::Relaxed);
         LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
         // SAFETY: the caller's contract is passed on.
-        unsafe { std::alloc::System.realloc(ptr, layout, size) }
+        unsafe {
+            if Self::system() {
+                std::alloc::System.realloc(ptr, layout, size)
+            } else {
+                mimalloc::MiMalloc.realloc(ptr, layout, size)
+            }
+        }
     }
 }
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+/// Gives the free pages of both allocators back to the kernel: what loading the rows
+/// allocated and freed again is not the server's to keep.
 fn release_free_memory() {
-    unsafe extern "C" {
-        fn malloc_trim(pad: usize) -> i32;
+    if !Counting::system() {
+        unsafe extern "C" {
+            fn mi_collect(force: bool);
+        }
+        // SAFETY: mimalloc's own call, linked in with the allocator; it only frees.
+        unsafe { mi_collect(true) };
     }
-    // SAFETY: glibc's malloc_trim only returns free pages to the kernel.
-    unsafe { malloc_trim(0) };
+    // SQLite allocates with the C library's malloc whichever serves Rust.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        unsafe extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: glibc's malloc_trim only returns free pages to the kernel.
+        unsafe { malloc_trim(0) };
+    }
 }
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn release_free_memory() {}
 
 /// The child process: opens the registry and reports what its index costs in memory.
 fn resident_child(db: &Path) {
@@ -194,7 +257,6 @@ fn resident_child(db: &Path) {
     let registry = Registry::open(Some(db)).expect("open registry");
     let counts = registry.counts();
     let instances = counts.pending + counts.active + counts.stale + counts.deregistered;
-    // What loading the rows allocated and freed again is not the server's to keep.
     release_free_memory();
     let rss = resident_bytes().saturating_sub(rss_before);
     let live = LIVE.load(Ordering::Relaxed).saturating_sub(live_before);

@@ -7,11 +7,9 @@ use std::sync::atomic::AtomicU64;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts, Path, Request, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::Deserialize;
@@ -50,20 +48,20 @@ pub(crate) fn router(state: AppState) -> Router {
     // Extractors clone the state once per request each: one reference count, not one
     // per field.
     let state = Arc::new(state);
-    let fleet = Router::new()
+    // The fleet routes are authorized by their handlers' first extractor ([`Authorized`]),
+    // and the registration body is read with its limit by the handler: a layer around the
+    // routes (`route_layer`, `DefaultBodyLimit`) would cost every request another boxed
+    // service clone and boxed future, which a registration storm pays for in CPU time.
+    Router::new()
         .route("/api/fleet/register/cluster/", post(register_cluster))
         .route("/api/fleet/register/infra/", post(register_infra))
         .route("/api/fleet/heartbeat/{id}", post(heartbeat))
         .route("/api/fleet/config/{id}", get(config))
         .route("/api/fleet/deregister/{id}", delete(deregister))
         .route("/api/fleet/plugins/{sha256}", get(plugin))
-        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
-    Router::new()
-        .merge(fleet)
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }
 
@@ -256,25 +254,47 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-/// IP allowlist, then token and role, as cc-backend's `AuthAPI`: no or a bad token (or a
-/// client outside the allowlist) is 401, a valid token without the `api` role 403, as
-/// cc-backend documents it.
-async fn authorize(
-    State(state): State<Arc<AppState>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// Proof that a fleet API request passed cc-backend's `AuthAPI` checks: IP allowlist, then
+/// token and role. No or a bad token (or a client outside the allowlist) is 401, a valid
+/// token without the `api` role 403, as cc-backend documents it. Every fleet handler takes
+/// it as its first extractor, so it runs before the path and the body are looked at.
+pub(crate) struct Authorized;
+
+impl FromRequestParts<Arc<AppState>> for Authorized {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Response> {
+        let Some(&ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() else {
+            // The HTTP server puts it on every request it serves.
+            tracing::error!("fleet: an API request without the peer's address");
+            return Err(internal_error());
+        };
+        match refusal(state, &parts.method, &parts.headers, peer) {
+            None => Ok(Authorized),
+            Some(refused) => Err(refused),
+        }
+    }
+}
+
+/// The answer refusing a fleet API request, if it is refused.
+fn refusal(
+    state: &AppState,
+    method: &Method,
+    headers: &HeaderMap,
+    peer: SocketAddr,
+) -> Option<Response> {
     // cc-backend's CSRF guard: browsers must not drive state changes cross-site.
-    if request.method() != Method::GET
-        && request
-            .headers()
+    if method != Method::GET
+        && headers
             .get("sec-fetch-site")
             .is_some_and(|v| v.as_bytes() == b"cross-site")
     {
         Metrics::add(&state.metrics.refused_cross_site, 1);
         tracing::debug!("fleet: refused cross-site API request from {peer}");
-        return error(StatusCode::FORBIDDEN, "cross-site request rejected");
+        return Some(error(StatusCode::FORBIDDEN, "cross-site request rejected"));
     }
     let unauthorized = |counter: &AtomicU64, e: auth::AuthError| {
         Metrics::add(counter, 1);
@@ -282,24 +302,30 @@ async fn authorize(
         ApiError::Unauthorized(e).into_response()
     };
     let metrics = &state.metrics;
-    if !state.allowlist.allows(request.headers(), peer) {
-        return unauthorized(&metrics.refused_allowlist, auth::AuthError::IpNotAllowed);
+    if !state.allowlist.allows(headers, peer) {
+        return Some(unauthorized(
+            &metrics.refused_allowlist,
+            auth::AuthError::IpNotAllowed,
+        ));
     }
     if let Some(verifier) = &state.verifier {
-        let Some(token) = auth::token_from_headers(request.headers()) else {
-            return unauthorized(&metrics.refused_token, auth::AuthError::MissingToken);
+        let Some(token) = auth::token_from_headers(headers) else {
+            return Some(unauthorized(
+                &metrics.refused_token,
+                auth::AuthError::MissingToken,
+            ));
         };
         match verifier.verify(token) {
             Ok(claims) if auth::roles_grant_api(&claims.roles) => {}
             Ok(_) => {
                 Metrics::add(&metrics.refused_role, 1);
                 tracing::debug!("fleet: refused API request from {peer}: missing role: api");
-                return ApiError::Forbidden("missing role: api").into_response();
+                return Some(ApiError::Forbidden("missing role: api").into_response());
             }
-            Err(e) => return unauthorized(&metrics.refused_token, e),
+            Err(e) => return Some(unauthorized(&metrics.refused_token, e)),
         }
     }
-    next.run(request).await
+    None
 }
 
 /// The registration body as cc-backend decodes it: a Go struct of strings, so type and
@@ -318,25 +344,49 @@ struct RegisterBody {
 }
 
 async fn register_cluster(
+    _: Authorized,
     State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Result<Response, ApiError> {
-    register(state, Scope::Cluster, body).await
+    register(state, Scope::Cluster, request).await
 }
 
 async fn register_infra(
+    _: Authorized,
     State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Result<Response, ApiError> {
-    register(state, Scope::Infra, body).await
+    register(state, Scope::Infra, request).await
 }
 
-fn body_rejected(rejection: &BytesRejection) -> ApiError {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::PayloadTooLarge
-    } else {
-        ApiError::BodyUnreadable
+/// The whole body of `request`, at most [`BODY_LIMIT`] bytes. A body of one frame (what
+/// a client sends with its headers) is handed on without a copy.
+///
+/// An oversized body is read up to the limit before it is refused, not refused by its
+/// declared length: answering and closing at once would leave a client that is still
+/// sending it with a broken pipe instead of the 413.
+async fn read_body(request: Request) -> Result<Bytes, ApiError> {
+    use futures::StreamExt;
+    let mut frames = request.into_body().into_data_stream();
+    let mut first: Option<Bytes> = None;
+    let mut joined: Vec<u8> = Vec::new();
+    while let Some(frame) = frames.next().await {
+        let frame = frame.map_err(|_| ApiError::BodyUnreadable)?;
+        let len = first.as_ref().map_or(0, Bytes::len) + joined.len() + frame.len();
+        if len > BODY_LIMIT {
+            return Err(ApiError::PayloadTooLarge);
+        }
+        match &first {
+            None if joined.is_empty() => first = Some(frame),
+            _ => {
+                if let Some(first) = first.take() {
+                    joined.extend_from_slice(&first);
+                }
+                joined.extend_from_slice(&frame);
+            }
+        }
     }
+    Ok(first.unwrap_or_else(|| Bytes::from(joined)))
 }
 
 /// Marks a response as the connection's last.
@@ -396,9 +446,9 @@ fn register_response_body(instance_id: &str, config_revision: i64) -> Vec<u8> {
 async fn register(
     state: Arc<AppState>,
     scope: Scope,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(|rejection| body_rejected(&rejection))?;
+    let body = read_body(request).await?;
     // Like Go's json.Decoder, only the first JSON value of the body counts.
     let parsed = serde_json::Deserializer::from_slice(&body)
         .into_iter::<RegisterBody>()
@@ -449,6 +499,7 @@ async fn register(
 }
 
 async fn heartbeat(
+    _: Authorized,
     State(state): State<Arc<AppState>>,
     InstanceId(id): InstanceId,
 ) -> Result<Response, ApiError> {
@@ -478,6 +529,7 @@ fn etag_matches(if_none_match: &str, revision: &str) -> bool {
 }
 
 async fn config(
+    _: Authorized,
     State(state): State<Arc<AppState>>,
     InstanceId(id): InstanceId,
     headers: HeaderMap,
@@ -533,7 +585,11 @@ async fn config(
 }
 
 /// A component of `fleet.plugin-dir` by the SHA-256 of its content, streamed.
-async fn plugin(State(state): State<Arc<AppState>>, Path(sha256): Path<String>) -> Response {
+async fn plugin(
+    _: Authorized,
+    State(state): State<Arc<AppState>>,
+    Path(sha256): Path<String>,
+) -> Response {
     if !is_sha256(&sha256) {
         return error(
             StatusCode::BAD_REQUEST,
@@ -593,6 +649,7 @@ async fn plugin(State(state): State<Arc<AppState>>, Path(sha256): Path<String>) 
 }
 
 async fn deregister(
+    _: Authorized,
     State(state): State<Arc<AppState>>,
     InstanceId(id): InstanceId,
 ) -> Result<Response, ApiError> {

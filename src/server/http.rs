@@ -25,9 +25,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
-use tower::ServiceExt;
-use tower_http::catch_panic::{CatchPanicLayer, ResponseForPanic};
-use tower_http::timeout::RequestBodyTimeoutLayer;
+use tower::{Layer, ServiceExt};
+use tower_http::catch_panic::{CatchPanic, CatchPanicLayer, ResponseForPanic};
+use tower_http::timeout::{RequestBodyTimeout, RequestBodyTimeoutLayer};
 
 use super::config::HttpLimits;
 use super::metrics::Metrics;
@@ -38,16 +38,21 @@ use crate::untrusted::Untrusted;
 /// out of file descriptors), so a persistent failure does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Wraps the API router with panic containment and the request body timeout.
-pub(crate) fn harden(router: Router, limits: &HttpLimits, metrics: Arc<Metrics>) -> Router {
-    router
-        .layer(RequestBodyTimeoutLayer::new(limits.body_timeout))
-        // Outermost, so a panic anywhere below (middleware included) is contained.
-        .layer(CatchPanicLayer::custom(PanicResponse { metrics }))
+/// The API router with panic containment and the request body timeout around it.
+pub(crate) type Hardened = CatchPanic<RequestBodyTimeout<Router>, PanicResponse>;
+
+/// Wraps the API router with panic containment and the request body timeout, once around
+/// the whole router rather than around each route (`Router::layer`), which would box the
+/// service and its future again at every layer on every request.
+pub(crate) fn harden(router: Router, limits: &HttpLimits, metrics: Arc<Metrics>) -> Hardened {
+    // Outermost, so a panic anywhere below (the router included) is contained.
+    CatchPanicLayer::custom(PanicResponse { metrics })
+        .layer(RequestBodyTimeoutLayer::new(limits.body_timeout).layer(router))
 }
 
+/// The 500 answer to a panic, counted and logged.
 #[derive(Clone)]
-struct PanicResponse {
+pub(crate) struct PanicResponse {
     metrics: Arc<Metrics>,
 }
 
@@ -76,7 +81,7 @@ impl ResponseForPanic for PanicResponse {
 /// Serves `router` on `listener` until `shutdown`, then lets open requests finish.
 pub(crate) async fn serve(
     listener: TcpListener,
-    router: Router,
+    router: Hardened,
     limits: HttpLimits,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
@@ -163,7 +168,7 @@ pub(crate) async fn serve(
 }
 
 struct Connection {
-    router: Router,
+    router: Hardened,
     builder: hyper::server::conn::http1::Builder,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,

@@ -228,8 +228,8 @@ pub trait RegistryStore: Send {
         Ok(count)
     }
 
-    /// How long a storm's group of registrations waits for more before it is written
-    /// (see [`GROUP_COMMIT_SIBLINGS`]): worth it where every commit rewrites pages and
+    /// How long a storm's group of registrations waits for more before it is written, at
+    /// most (see [`GROUP_COMMIT_SIBLINGS`]): worth it where every commit rewrites pages and
     /// syncs; none by default, where writes are independent and a wait only adds latency.
     fn group_gather(&self) -> Duration {
         Duration::ZERO
@@ -293,9 +293,10 @@ pub const LAST_SEEN_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 const GROUP_COMMIT_MAX: usize = 1024;
 
 /// A group of at least this many registrations means a storm is under way (a cluster
-/// reboot): the committer then waits the store's [`RegistryStore::group_gather`] (the
-/// SQLite store: [`GROUP_COMMIT_GATHER`]) for more before it writes, as
-/// PostgreSQL's `commit_delay` does when `commit_siblings` transactions are active. Each
+/// reboot): the committer then waits up to the store's [`RegistryStore::group_gather`]
+/// (the SQLite store: [`GROUP_COMMIT_GATHER`]) for more before it writes, as
+/// PostgreSQL's `commit_delay` does when `commit_siblings` transactions are active; within
+/// a storm only until as many queued as its previous group held (see `gather`). Each
 /// commit rewrites the last pages of the table and of every index it touches, so a few
 /// large commits write far fewer bytes (and syncs) than many small ones; a lone
 /// registration is never delayed.
@@ -309,6 +310,8 @@ struct Shared {
     index: RwLock<Index>,
     writes: WriteHealth,
     registrations: Mutex<RegistrationQueue>,
+    /// Signalled when the queue reaches a gathering committer's `gather_until`.
+    gathered: std::sync::Condvar,
     catch_up: std::sync::OnceLock<CatchUp>,
 }
 
@@ -323,6 +326,9 @@ struct Waiting {
 struct RegistrationQueue {
     waiting: Vec<Waiting>,
     committing: bool,
+    /// While a committer gathers: how many waiting registrations end its wait (0: none
+    /// gathers).
+    gather_until: usize,
 }
 
 /// A run of failed writes: logged when it starts and when it ends, counted in between.
@@ -419,6 +425,7 @@ impl Registry {
                 index: RwLock::new(index),
                 writes: WriteHealth::default(),
                 registrations: Mutex::new(RegistrationQueue::default()),
+                gathered: std::sync::Condvar::new(),
                 catch_up: std::sync::OnceLock::new(),
             }),
         })
@@ -454,6 +461,10 @@ impl Registry {
         let start_committer = {
             let mut queue = self.shared.registrations();
             queue.waiting.push(Waiting { reg, reply });
+            if queue.gather_until != 0 && queue.waiting.len() >= queue.gather_until {
+                queue.gather_until = 0;
+                self.shared.gathered.notify_one();
+            }
             !std::mem::replace(&mut queue.committing, true)
         };
         if start_committer {
@@ -769,6 +780,8 @@ fn commit_registrations(shared: &Shared) {
         }
     }
     let _guard = OnPanic(shared);
+    // The size of the previous group of this storm (registrations kept arriving since).
+    let mut previous = 0;
     loop {
         // The store lock is taken before the queue is drained: registrations that arrive
         // while another write holds it join this group.
@@ -782,19 +795,49 @@ fn commit_registrations(shared: &Shared) {
             let n = queue.waiting.len().min(GROUP_COMMIT_MAX);
             queue.waiting.drain(..n).collect()
         };
-        let group = gather(shared, group, store.group_gather());
+        let group = gather(shared, group, previous, store.group_gather());
+        previous = group.len();
         commit_group(shared, store.as_mut(), group);
     }
 }
 
-/// Lets a storm's group wait `delay` and take what queued meanwhile. `committing` stays
-/// set throughout, so those registrations wait for this committer.
-fn gather(shared: &Shared, mut group: Vec<Waiting>, delay: Duration) -> Vec<Waiting> {
-    if delay.is_zero() || group.len() < GROUP_COMMIT_SIBLINGS || group.len() >= GROUP_COMMIT_MAX {
+/// Lets a storm's group wait for more: until as many registrations queued as the previous
+/// group of the storm held (`previous`; the clients it answered are sending their next
+/// ones), at most `delay`, then takes what queued. No wait when that many are there
+/// already, so the committer never sleeps while a full group waits; none for a lone
+/// registration either (fewer than [`GROUP_COMMIT_SIBLINGS`] queued and no storm under
+/// way). `committing` stays set throughout, so the registrations queued meanwhile wait
+/// for this committer.
+fn gather(
+    shared: &Shared,
+    mut group: Vec<Waiting>,
+    previous: usize,
+    delay: Duration,
+) -> Vec<Waiting> {
+    let siblings = group.len().max(previous);
+    if delay.is_zero() || siblings < GROUP_COMMIT_SIBLINGS || group.len() >= GROUP_COMMIT_MAX {
         return group;
     }
-    std::thread::sleep(delay);
+    // The first group of a storm waits the whole delay (nothing tells how large it gets).
+    let target = if previous == 0 {
+        GROUP_COMMIT_MAX
+    } else {
+        previous.min(GROUP_COMMIT_MAX)
+    };
+    let deadline = Instant::now() + delay;
     let mut queue = shared.registrations();
+    while group.len() + queue.waiting.len() < target {
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            break;
+        };
+        queue.gather_until = target - group.len();
+        queue = shared
+            .gathered
+            .wait_timeout(queue, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+    queue.gather_until = 0;
     let more = queue.waiting.len().min(GROUP_COMMIT_MAX - group.len());
     group.extend(queue.waiting.drain(..more));
     group
@@ -1128,6 +1171,52 @@ mod tests {
             writes < 200 / 4,
             "{writes} store writes for 200 registrations"
         );
+    }
+
+    fn waiting(n: usize) -> Vec<Waiting> {
+        (0..n)
+            .map(|i| Waiting {
+                reg: reg(&format!("f{i:04}")),
+                reply: tokio::sync::oneshot::channel().0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_storm_group_does_not_wait_once_as_many_as_the_previous_group_are_queued() {
+        let r = Registry::open(None).unwrap();
+        let long = Duration::from_secs(30);
+        let started = Instant::now();
+        r.shared.registrations().waiting.extend(waiting(30));
+        assert_eq!(gather(&r.shared, waiting(20), 50, long).len(), 50);
+        // A lone registration outside a storm is never delayed.
+        assert_eq!(gather(&r.shared, waiting(1), 0, long).len(), 1);
+        assert_eq!(gather(&r.shared, waiting(3), 4, long).len(), 3);
+        assert!(started.elapsed() < long);
+    }
+
+    #[test]
+    fn a_gathering_group_is_written_as_soon_as_the_registration_completing_it_queues() {
+        let r = Registry::open(None).unwrap();
+        // As while a committer runs: registering starts none.
+        r.shared.registrations().committing = true;
+        let long = Duration::from_secs(30);
+        let started = Instant::now();
+        let registering = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                while r.shared.registrations().gather_until == 0 {
+                    std::thread::yield_now();
+                }
+                // Queues the registration; its answer is not awaited.
+                assert!(futures::FutureExt::now_or_never(r.register(reg("late"))).is_none());
+            })
+        };
+        let group = gather(&r.shared, waiting(10), 11, long);
+        registering.join().unwrap();
+        assert_eq!(group.len(), 11);
+        assert_eq!(group[10].reg.hostname, "late");
+        assert!(started.elapsed() < long);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
