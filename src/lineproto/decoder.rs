@@ -4,6 +4,8 @@ use super::simd;
 use super::table::{FIELD_VALUE_STOP, KEY_STOP, MEASUREMENT_STOP, is_non_printable};
 use super::token::{Token, TokenKind};
 use super::value::{self, FieldValue};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The default longest line a [`Decoder`] accepts: 1 MiB, the default NATS `max_payload`.
 pub const DEFAULT_MAX_LINE_LEN: usize = 1 << 20;
@@ -38,6 +40,16 @@ impl Default for DecoderOptions {
 /// comments are skipped.
 #[derive(Debug, Clone)]
 pub struct Decoder<'a> {
+    cursor: Cursor<'a>,
+    /// Where the fields past the first [`KNOWN`] of a line are kept while it is validated
+    /// (see [`MoreFields`]). Apart from the cursor so that the validating pass can write it
+    /// while reading the cursor.
+    more_fields: Vec<KnownField>,
+}
+
+/// The decoder's input and where it stands in it.
+#[derive(Debug, Clone)]
+struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
     line_no: usize,
@@ -58,11 +70,13 @@ pub struct Line<'a> {
     number: usize,
     known_tags: KnownTags,
     known_fields: KnownFields,
+    /// Which [`MoreFields`] table holds the fields past the first [`KNOWN`]; 0 for none.
+    more_fields: u64,
 }
 
-/// How many tags, and how many fields, of a line the decoder keeps what it found while
-/// validating them: enough for fleet messages and most metric lines. A line with more has
-/// the rest scanned again when read.
+/// How many tags, and how many fields, of a line the `Line` keeps what the decoder found
+/// while validating them: enough for fleet messages and most metric lines. Tags past these
+/// are scanned again when read; fields past these are kept in [`MoreFields`].
 const KNOWN: usize = 4;
 
 /// Where the first tags of a line end, found while validating it, so that reading them
@@ -90,6 +104,105 @@ struct KnownFields {
     value_end: [u32; KNOWN],
     /// The number's bits, or the boolean.
     bits: [u64; KNOWN],
+}
+
+/// The fields of the line decoded last on this thread past its first [`KNOWN`], as its
+/// validation found and parsed them, so that reading them scans and parses nothing again
+/// (half the time of reading a line of 52 fields).
+///
+/// A cache, not a store: `generation` names the line it holds (a number unique in the
+/// process, which the [`Line`] keeps), and a line that does not find its own generation here
+/// (another line with many fields was decoded since, or it moved to another thread) reads
+/// its fields by scanning the section again. A `Line` stays `Copy` and small: owning the
+/// table (an `Arc`) gave it drop glue, and the caller's loop then copied every returned line
+/// through `memcpy`, which cost heartbeats a tenth of their time.
+struct MoreFields {
+    generation: u64,
+    fields: Vec<KnownField>,
+    /// The storage of the table before, for the next line's fields: a decoder keeps none
+    /// between lines, so that a decoder per message allocates nothing in steady state
+    /// either.
+    spare: Vec<KnownField>,
+}
+
+thread_local! {
+    static MORE_FIELDS: RefCell<MoreFields> = const {
+        RefCell::new(MoreFields {
+            generation: 0,
+            fields: Vec::new(),
+            spare: Vec::new(),
+        })
+    };
+}
+
+/// The last generation handed to a [`MoreFields`] table; 0 is no table.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Makes `fields` (taking them, and leaving the previous table's storage as the spare, so
+/// no line allocates in steady state) this thread's [`MoreFields`]; returns their
+/// generation, or 0 when the thread's table cannot be used (while the thread ends).
+#[inline(never)]
+fn publish_more_fields(fields: &mut Vec<KnownField>) -> u64 {
+    let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
+    MORE_FIELDS
+        .try_with(|table| {
+            let Ok(mut table) = table.try_borrow_mut() else {
+                return 0;
+            };
+            let previous = std::mem::replace(&mut table.fields, std::mem::take(fields));
+            if previous.capacity() > table.spare.capacity() {
+                table.spare = previous;
+            }
+            table.generation = generation;
+            generation
+        })
+        .unwrap_or(0)
+}
+
+/// Storage for the fields of a line past the first [`KNOWN`]: what this thread's table
+/// held before the line decoded last.
+#[cold]
+#[inline(never)]
+fn spare_more_fields() -> Vec<KnownField> {
+    MORE_FIELDS
+        .try_with(|table| {
+            table
+                .try_borrow_mut()
+                .map(|mut table| {
+                    // Emptied: it holds the fields of a line decoded earlier.
+                    let mut spare = std::mem::take(&mut table.spare);
+                    spare.clear();
+                    spare
+                })
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
+}
+
+/// Field `index` (counting from the first past [`KNOWN`]) of the line of `generation`, if
+/// this thread's [`MoreFields`] still holds that line.
+#[inline]
+fn more_field(generation: u64, index: usize) -> Option<KnownField> {
+    MORE_FIELDS
+        .try_with(|table| {
+            let table = table.try_borrow().ok()?;
+            if table.generation != generation {
+                return None;
+            }
+            table.fields.get(index).copied()
+        })
+        .ok()
+        .flatten()
+}
+
+/// One field past the first [`KNOWN`]: as [`KnownFields`] keeps its fields, in one record.
+#[derive(Debug, Clone, Copy)]
+struct KnownField {
+    key_end: u32,
+    value_end: u32,
+    /// The value's type (`SLOT_*`), and [`KEY_ESCAPED`] when the key holds a backslash.
+    kind: u8,
+    bits: u64,
 }
 
 const SLOT_FLOAT: u8 = 0;
@@ -201,34 +314,47 @@ impl<'a> Decoder<'a> {
     /// A decoder over `buf` with the given options.
     pub fn with_options(buf: &'a [u8], options: DecoderOptions) -> Self {
         Decoder {
-            buf,
-            pos: 0,
-            line_no: 1,
-            precision: options.precision,
-            default_time: options.default_time.map(|t| options.precision.truncate(t)),
-            max_line_len: options.max_line_len,
+            cursor: Cursor {
+                buf,
+                pos: 0,
+                line_no: 1,
+                precision: options.precision,
+                default_time: options.default_time.map(|t| options.precision.truncate(t)),
+                max_line_len: options.max_line_len,
+            },
+            more_fields: Vec::new(),
         }
     }
 
     /// The 1-based number of the line the decoder will read next.
     pub fn line_number(&self) -> usize {
-        self.line_no
+        self.cursor.line_no
     }
 
     /// The byte offset in the input where the next line starts.
     pub fn position(&self) -> usize {
-        self.pos
+        self.cursor.pos
     }
 
     /// Continues decoding `buf` at byte `pos`, which starts line `line_no`: lets a caller
     /// with its own fast path for common lines hand the odd ones to the full decoder.
     pub fn resume_at(buf: &'a [u8], pos: usize, line_no: usize, options: DecoderOptions) -> Self {
         let mut decoder = Self::with_options(buf, options);
-        decoder.pos = pos.min(buf.len());
-        decoder.line_no = line_no;
+        decoder.cursor.pos = pos.min(buf.len());
+        decoder.cursor.line_no = line_no;
         decoder
     }
+}
 
+impl<'a> Iterator for Decoder<'a> {
+    type Item = Result<Line<'a>, DecodeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.cursor.next_line(&mut self.more_fields)
+    }
+}
+
+impl<'a> Cursor<'a> {
     /// Builds the error for a line that starts at `start` (columns count from there) and
     /// moves on to where decoding resumes.
     #[cold]
@@ -304,8 +430,14 @@ impl<'a> Decoder<'a> {
     /// Parses the point starting at `start` (after leading spaces) section by section, in
     /// the order and with the recovery of the Go decoder; returns it, where the next line
     /// starts and how many newlines its string fields held.
+    /// Fields past the first [`KNOWN`] are kept in `more_fields` (see [`MoreFields`]).
     #[inline]
-    fn point(&self, line_start: usize, start: usize) -> Result<(Line<'a>, usize, usize), Failure> {
+    fn point(
+        &self,
+        line_start: usize,
+        start: usize,
+        more_fields: &mut Vec<KnownField>,
+    ) -> Result<(Line<'a>, usize, usize), Failure> {
         let buf = self.buf;
         let mut i = start;
 
@@ -380,6 +512,9 @@ impl<'a> Decoder<'a> {
         let fields_start = i;
         let mut newlines = 0;
         let mut known_fields = KnownFields::default();
+        // Emptied for every line rather than at a fifth field: a flag saying whether it was
+        // would be carried through the field loop, which cost short lines a few percent.
+        more_fields.clear();
         let mut time_start = None;
         let fields_end;
         let mut next = 0;
@@ -455,31 +590,48 @@ impl<'a> Decoder<'a> {
             };
             // What follows the value is read before the value is judged.
             let v_end = i;
-            let mut keep = |(kind, bits): (u8, u64)| {
-                if offsets_fit {
-                    let key_kind = if k_escaped { kind | KEY_ESCAPED } else { kind };
-                    known_fields.record(k_end - fields_start, v_end - fields_start, key_kind, bits);
-                }
-            };
+            // A macro: its uses return early through `?`.
+            macro_rules! keep {
+                ($value:expr) => {{
+                    let (kind, bits) = $value;
+                    if offsets_fit {
+                        let key_kind = if k_escaped { kind | KEY_ESCAPED } else { kind };
+                        let (key_end, value_end) = (k_end - fields_start, v_end - fields_start);
+                        if usize::from(known_fields.count) < KNOWN {
+                            known_fields.record(key_end, value_end, key_kind, bits);
+                        } else {
+                            if more_fields.capacity() == 0 {
+                                *more_fields = spare_more_fields();
+                            }
+                            more_fields.push(KnownField {
+                                key_end: key_end as u32,
+                                value_end: value_end as u32,
+                                kind: key_kind,
+                                bits,
+                            });
+                        }
+                    }
+                }};
+            }
             match buf.get(i) {
                 None => {
-                    keep(value_ok.map_err(|kind| Failure::after_line(v_start, kind, i))?);
+                    keep!(value_ok.map_err(|kind| Failure::after_line(v_start, kind, i))?);
                     fields_end = i;
                     next = i;
                     break;
                 }
                 Some(b',') => {
                     i += 1;
-                    keep(value_ok.map_err(|kind| Failure::new(v_start, kind, i))?);
+                    keep!(value_ok.map_err(|kind| Failure::new(v_start, kind, i))?);
                 }
                 Some(&b) if is_whitespace(b) => {
                     fields_end = i;
                     i = self.skip_spaces(i);
                     if let Some(end) = self.line_end(i) {
-                        keep(value_ok.map_err(|kind| Failure::after_line(v_start, kind, end))?);
+                        keep!(value_ok.map_err(|kind| Failure::after_line(v_start, kind, end))?);
                         next = end;
                     } else {
-                        keep(value_ok.map_err(|kind| Failure::new(v_start, kind, i))?);
+                        keep!(value_ok.map_err(|kind| Failure::new(v_start, kind, i))?);
                         time_start = Some(i);
                     }
                     break;
@@ -597,6 +749,11 @@ impl<'a> Decoder<'a> {
             number: self.line_no,
             known_tags,
             known_fields,
+            more_fields: if !more_fields.is_empty() {
+                publish_more_fields(more_fields)
+            } else {
+                0
+            },
         };
         Ok((line, next, newlines))
     }
@@ -614,10 +771,14 @@ impl<'a> Decoder<'a> {
     }
 }
 
-impl<'a> Iterator for Decoder<'a> {
-    type Item = Result<Line<'a>, DecodeError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl<'a> Cursor<'a> {
+    /// The next line (or error), with fields past the first [`KNOWN`] kept in
+    /// `more_fields`.
+    #[inline(always)]
+    fn next_line(
+        &mut self,
+        more_fields: &mut Vec<KnownField>,
+    ) -> Option<Result<Line<'a>, DecodeError>> {
         let buf = self.buf;
         loop {
             if self.pos >= buf.len() {
@@ -656,7 +817,7 @@ impl<'a> Iterator for Decoder<'a> {
                     }
                 },
                 Some(_) => {
-                    return Some(match self.point(line_start, i) {
+                    return Some(match self.point(line_start, i, more_fields) {
                         Ok((line, next, newlines)) => {
                             self.pos = next;
                             self.line_no += 1 + newlines;
@@ -748,6 +909,7 @@ impl<'a> Line<'a> {
             pos: 0,
             index: 0,
             known: self.known_fields,
+            more: self.more_fields,
         }
     }
 
@@ -854,9 +1016,46 @@ pub struct Fields<'a> {
     section: &'a [u8],
     /// Where the next field's key starts (past the end when there is none).
     pos: usize,
-    /// How many fields were read.
-    index: u8,
+    /// How many fields were read (fewer than 2^32: past the known fields only lines whose
+    /// offsets fit in a u32 are kept).
+    index: u32,
     known: KnownFields,
+    /// The generation of the [`MoreFields`] holding the line's fields past the known ones
+    /// (0 for none).
+    more: u64,
+}
+
+impl<'a> Fields<'a> {
+    /// The field whose key ends at `key_end` and value at `value_end` (offsets in the
+    /// section, the key starting at `self.pos`), as validation found and parsed it.
+    #[inline(always)]
+    fn kept(
+        &mut self,
+        key_end: usize,
+        value_end: usize,
+        kind: u8,
+        bits: u64,
+    ) -> (Token<'a>, FieldValue<'a>) {
+        let section = self.section;
+        self.index += 1;
+        let key = Token::new(
+            as_str(&section[self.pos..key_end]),
+            kind & KEY_ESCAPED != 0,
+            TokenKind::Key,
+        );
+        self.pos = value_end + 1;
+        let value = match kind & !KEY_ESCAPED {
+            SLOT_FLOAT => FieldValue::Float(f64::from_bits(bits)),
+            SLOT_INT => FieldValue::Int(bits as i64),
+            SLOT_UINT => FieldValue::Uint(bits),
+            SLOT_BOOL => FieldValue::Bool(bits != 0),
+            string => value::string_value(
+                as_str(&section[key_end + 2..value_end - 1]),
+                string == SLOT_ESCAPED_STRING,
+            ),
+        };
+        (key, value)
+    }
 }
 
 impl<'a> Iterator for Fields<'a> {
@@ -865,33 +1064,27 @@ impl<'a> Iterator for Fields<'a> {
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         let section = self.section;
-        let k = usize::from(self.index);
+        let k = self.index as usize;
         if k < usize::from(self.known.count) {
             // Found and parsed by the decoder: nothing to scan or parse.
-            self.index += 1;
-            let key_end = self.known.key_end[k] as usize;
-            let value_end = self.known.value_end[k] as usize;
-            let kind = self.known.kind[k];
-            let bits = self.known.bits[k];
-            let key = Token::new(
-                as_str(&section[self.pos..key_end]),
-                kind & KEY_ESCAPED != 0,
-                TokenKind::Key,
-            );
-            self.pos = value_end + 1;
-            let value = match kind & !KEY_ESCAPED {
-                SLOT_FLOAT => FieldValue::Float(f64::from_bits(bits)),
-                SLOT_INT => FieldValue::Int(bits as i64),
-                SLOT_UINT => FieldValue::Uint(bits),
-                SLOT_BOOL => FieldValue::Bool(bits != 0),
-                string => value::string_value(
-                    as_str(&section[key_end + 2..value_end - 1]),
-                    string == SLOT_ESCAPED_STRING,
-                ),
-            };
-            return Some((key, value));
+            let known = &self.known;
+            let (key_end, value_end) = (known.key_end[k] as usize, known.value_end[k] as usize);
+            let (kind, bits) = (known.kind[k], known.bits[k]);
+            return Some(self.kept(key_end, value_end, kind, bits));
         }
-        // Past the known fields, the section is scanned and parsed again.
+        if self.more != 0
+            && let Some(field) = more_field(self.more, k.wrapping_sub(KNOWN))
+        {
+            // Past the first few, kept in this thread's table: nothing to scan either.
+            return Some(self.kept(
+                field.key_end as usize,
+                field.value_end as usize,
+                field.kind,
+                field.bits,
+            ));
+        }
+        // Past the known fields, the section is scanned and parsed again (when the line is
+        // too long for the kept offsets, or the thread's table holds another line now).
         let rest = section.get(self.pos..).filter(|rest| !rest.is_empty())?;
         let (k_end, k_escaped) = validated_token_end(rest, 0, b'=');
         let key = Token::new(as_str(&rest[..k_end]), k_escaped, TokenKind::Key);
@@ -953,6 +1146,7 @@ mod tests {
         };
         let scanned_fields = Fields {
             known: KnownFields::default(),
+            more: 0,
             ..line.fields()
         };
         [
@@ -1046,6 +1240,66 @@ mod tests {
             }
         }
         assert!(lines > 400);
+    }
+
+    /// A line of `n` integer fields `f<k>=<k * seed>i`.
+    fn many_fields_line(n: usize, seed: i64) -> String {
+        let fields: Vec<String> = (0..n)
+            .map(|k| format!("f{k}={}i", k as i64 * seed))
+            .collect();
+        format!("m,t=x {}\n", fields.join(","))
+    }
+
+    /// The fields of a line, which must be those of `many_fields_line(n, seed)`.
+    fn assert_many_fields(line: &Line<'_>, n: usize, seed: i64) {
+        let got: Vec<(String, FieldValue<'_>)> = line
+            .fields()
+            .map(|(k, v)| (k.raw().to_owned(), v))
+            .collect();
+        let want: Vec<(String, FieldValue<'_>)> = (0..n)
+            .map(|k| (format!("f{k}"), FieldValue::Int(k as i64 * seed)))
+            .collect();
+        assert_eq!(got, want, "{n} fields, seed {seed}");
+    }
+
+    #[test]
+    fn fields_past_the_kept_ones_read_right_whichever_line_the_thread_decoded_last() {
+        // Shorter lines after longer ones, each by a new decoder: the table's storage is
+        // reused and must hold only the line's own fields (it once held an earlier line's
+        // too, which made reading them wrong or panic).
+        for (n, seed) in [(20, 3), (6, 5), (6, 7), (5, 11), (30, 13), (7, 17), (5, 19)] {
+            let text = many_fields_line(n, seed);
+            let line = Decoder::new(text.as_bytes()).next().unwrap().unwrap();
+            assert_many_fields(&line, n, seed);
+        }
+        // A line that fails after its fifth field leaves nothing to the next.
+        let text = format!(
+            "m f0=1,f1=2,f2=3,f3=4,f4=5,f5=6 x\n{}",
+            many_fields_line(6, 29)
+        );
+        let got: Vec<_> = Decoder::new(text.as_bytes()).collect();
+        assert!(got[0].is_err(), "{text:?}");
+        assert_many_fields(got[1].as_ref().unwrap(), 6, 29);
+        // Lines kept while later ones are decoded (the table holds the last one only), and
+        // a line read on another thread (whose table holds none of this thread's lines).
+        let text: String = (1..=4)
+            .map(|i| many_fields_line(4 + 3 * i, i as i64))
+            .collect();
+        let lines: Vec<Line<'_>> = Decoder::new(text.as_bytes()).map(Result::unwrap).collect();
+        for (i, line) in lines.iter().enumerate().rev() {
+            assert_many_fields(line, 7 + 3 * i, i as i64 + 1);
+        }
+        let other = many_fields_line(9, 23);
+        let _ = Decoder::new(other.as_bytes()).next();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let _ = Decoder::new(other.as_bytes()).next();
+                for (i, line) in lines.iter().enumerate() {
+                    assert_many_fields(line, 7 + 3 * i, i as i64 + 1);
+                }
+            });
+        });
+        assert_many_fields(&lines[3], 16, 4);
     }
 
     #[test]
