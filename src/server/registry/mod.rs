@@ -496,13 +496,23 @@ impl Registry {
         }
         let copy = beats.clone();
         let mut outcome = self.heartbeat_batch_once(beats).await?;
-        let retry: Vec<usize> = {
+        // Everything not applied and not known as deregistered gets a second try: an id
+        // the index learned only after the first try is known by now, but was still
+        // unknown when that try answered.
+        let (retry, unknown): (Vec<usize>, bool) = {
             let index = self.index();
-            (0..copy.len())
-                .filter(|&i| !outcome.applied[i] && !index.knows(copy[i].0))
-                .collect()
+            let retry: Vec<usize> = (0..copy.len())
+                .filter(|&i| {
+                    !outcome.applied[i]
+                        && index
+                            .state_of(copy[i].0)
+                            .is_none_or(|(_, state)| state != State::Deregistered)
+                })
+                .collect();
+            let unknown = retry.iter().any(|&i| !index.knows(copy[i].0));
+            (retry, unknown)
         };
-        if retry.is_empty() || !self.catch_up().await {
+        if retry.is_empty() || (unknown && !self.catch_up().await) {
             return Ok(outcome);
         }
         let again = self
