@@ -31,6 +31,7 @@
 //! `capabilities.files-root` (default `/`) puts the whole view under another directory, for
 //! fixtures: the plugin still asks for `/proc/stat` and gets `<root>/proc/stat`.
 
+use std::collections::HashSet;
 use std::ffi::{CStr, CString, OsString};
 use std::fs::File;
 use std::io::Read;
@@ -226,14 +227,24 @@ pub struct FileGrants {
 struct Trees {
     root: Option<Arc<OwnedFd>>,
     tops: Vec<(String, Arc<OwnedFd>)>,
+    /// Paths (`top/...`, as asked for) that went through a symbolic link last time: they are
+    /// opened following links straight away rather than first tried without. Only a hint
+    /// for which way to try first; both ways are checked.
+    linked: HashSet<String>,
 }
+
+/// The most paths [`Trees::linked`] remembers; it starts over when full.
+const MAX_LINKED_HINTS: usize = 4096;
 
 /// Cleared when the kernel turns out not to have `openat2` (before Linux 5.6).
 static OPENAT2: AtomicBool = AtomicBool::new(true);
 
 /// How a resolution through `openat2` ended.
 enum Beneath {
-    /// Opened: the file and the path it really is.
+    /// Opened without following a link: the file and its path under the root, which is the
+    /// path asked for (already checked).
+    Plain(File, PathBuf),
+    /// Opened following links: the file and the path it really is, still to be checked.
     Opened(File, PathBuf),
     /// The file does not exist (reported as is, as the host-side resolution would).
     Missing(std::io::Error),
@@ -439,6 +450,8 @@ impl FileGrants {
     ) -> Result<(File, std::fs::Metadata), String> {
         let fail = |why: &dyn std::fmt::Display| format!("{}: {why}", Untrusted(path));
         let (file, real) = match self.open_beneath(names, kind) {
+            // No link on the way: the file is where the names say, and they were checked.
+            Beneath::Plain(file, real) => (file, real),
             Beneath::Opened(file, real) => {
                 // Checked before anything is read; dropping the file closes it.
                 self.check_real(names, &real).map_err(|why| fail(&why))?;
@@ -491,6 +504,14 @@ impl FileGrants {
 
     /// Resolves and opens the path in one `openat2` call beneath its top-level directory.
     /// Paths of fewer than two names (a top-level directory itself) take the host-side way.
+    ///
+    /// A path without symbolic links (most of `/proc` and `/sys/devices`) is opened with
+    /// `RESOLVE_NO_SYMLINKS`: the kernel then walked exactly the names asked for, so the file
+    /// is where the path says and the descriptor's path need not be read back (a `readlink`
+    /// of `/proc/self/fd/N`, the dearest part of a read). Where a link is met (`ELOOP`), the
+    /// path is opened again following links beneath the tree, and the descriptor's real path
+    /// is read back and checked; the path is remembered, so the next round opens it that way
+    /// at once.
     #[cfg(target_os = "linux")]
     fn open_beneath(&self, names: &[&str], kind: Kind) -> Beneath {
         let [top, rest @ ..] = names else {
@@ -503,12 +524,32 @@ impl FileGrants {
             return Beneath::Elsewhere;
         };
         // The names are plain (no NUL, no `.` or `..`): checked before.
-        let Ok(rest) = CString::new(rest.join("/")) else {
+        let path = names.join("/");
+        let Ok(rest) = CString::new(&path[top.len() + 1..]) else {
             return Beneath::Elsewhere;
         };
         let mut flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC;
         if kind == Kind::Dir {
             flags |= libc::O_DIRECTORY;
+        }
+        if !self.linked(&path) {
+            let no_links = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS;
+            match openat2(&tree, &rest, flags, no_links) {
+                Ok(fd) => {
+                    let mut real = self.root.clone();
+                    real.extend(names);
+                    return Beneath::Plain(File::from(fd), real);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => self.remember_linked(path),
+                // Missing before any link was met: missing whichever way it is resolved.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Beneath::Missing(e),
+                Err(e) => {
+                    if e.raw_os_error() == Some(libc::ENOSYS) {
+                        OPENAT2.store(false, Ordering::Relaxed);
+                    }
+                    return Beneath::Elsewhere;
+                }
+            }
         }
         let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
         let file = match openat2(&tree, &rest, flags, resolve) {
@@ -531,6 +572,23 @@ impl FileGrants {
     #[cfg(not(target_os = "linux"))]
     fn open_beneath(&self, _names: &[&str], _kind: Kind) -> Beneath {
         Beneath::Elsewhere
+    }
+
+    /// Whether `path` (`top/...` as asked for) was last reached through a link.
+    #[cfg(target_os = "linux")]
+    fn linked(&self, path: &str) -> bool {
+        let trees = self.trees.lock().unwrap_or_else(|e| e.into_inner());
+        !trees.linked.is_empty() && trees.linked.contains(path)
+    }
+
+    /// Remembers that `path` is reached through a link.
+    #[cfg(target_os = "linux")]
+    fn remember_linked(&self, path: String) {
+        let mut trees = self.trees.lock().unwrap_or_else(|e| e.into_inner());
+        if trees.linked.len() >= MAX_LINKED_HINTS {
+            trees.linked.clear();
+        }
+        trees.linked.insert(path);
     }
 
     /// The directory descriptor of the top-level name `top` under the root, opened now if it
@@ -826,6 +884,46 @@ mod tests {
             .read("/sys/class/hwmon/hwmon0/temp1_label")
             .unwrap_err();
         assert!(err.contains("No such file"), "{err}");
+    }
+
+    #[test]
+    fn a_plain_path_that_turns_into_a_link_is_checked_where_it_leads_at_the_next_read() {
+        let root = tempfile::tempdir().unwrap();
+        let at = |p: &str| root.path().join(p);
+        std::fs::create_dir_all(at("sys/devices/hwmon0")).unwrap();
+        std::fs::create_dir_all(at("sys/class/hwmon/hwmon0")).unwrap();
+        std::fs::create_dir_all(at("etc")).unwrap();
+        std::fs::write(at("sys/devices/hwmon0/temp1_input"), "41000\n").unwrap();
+        std::fs::write(at("sys/class/hwmon/hwmon0/temp1_input"), "1\n").unwrap();
+        std::fs::write(at("etc/temp1_input"), "outside").unwrap();
+        let grants = FileGrants::new(&["/sys/**".to_owned()], Some(root.path()), 1 << 20).unwrap();
+        let path = "/sys/class/hwmon/hwmon0/temp1_input";
+        // Read without a link on the way, twice (the second read takes the same way).
+        assert_eq!(grants.read(path).unwrap(), b"1\n");
+        assert_eq!(grants.read(path).unwrap(), b"1\n");
+        // The directory becomes a link out of /sys: refused, not read the way it was.
+        std::fs::remove_dir_all(at("sys/class/hwmon/hwmon0")).unwrap();
+        std::os::unix::fs::symlink("../../../etc", at("sys/class/hwmon/hwmon0")).unwrap();
+        let err = grants.read(path).unwrap_err();
+        assert!(err.contains("leads outside /sys"), "{err}");
+        // A link within /sys is followed; then the link is a directory again.
+        std::fs::remove_file(at("sys/class/hwmon/hwmon0")).unwrap();
+        std::os::unix::fs::symlink("../../devices/hwmon0", at("sys/class/hwmon/hwmon0")).unwrap();
+        assert_eq!(grants.read(path).unwrap(), b"41000\n");
+        std::fs::remove_file(at("sys/class/hwmon/hwmon0")).unwrap();
+        std::fs::create_dir_all(at("sys/class/hwmon/hwmon0")).unwrap();
+        std::fs::write(at("sys/class/hwmon/hwmon0/temp1_input"), "2\n").unwrap();
+        assert_eq!(grants.read(path).unwrap(), b"2\n");
+        // The file itself turning into a link to a secret of the agent is caught too.
+        std::fs::write(at("sys/token"), "t").unwrap();
+        let grants = grants.with_secrets(Arc::from(vec![at("sys/token")]));
+        assert_eq!(grants.read(path).unwrap(), b"2\n");
+        std::fs::remove_file(at("sys/class/hwmon/hwmon0/temp1_input")).unwrap();
+        std::os::unix::fs::symlink("../../../token", at("sys/class/hwmon/hwmon0/temp1_input"))
+            .unwrap();
+        let err = grants.read(path).unwrap_err();
+        assert!(err.contains("agent's own secrets"), "{err}");
+        assert!(grants.read("/sys/token").is_err());
     }
 
     #[test]
