@@ -19,8 +19,13 @@
 //!   call beneath a cached descriptor of its top-level directory (`RESOLVE_BENEATH`: no link
 //!   leaves the tree; `RESOLVE_NO_MAGICLINKS`: no `/proc/<pid>/fd`-style jumps), and the
 //!   opened descriptor's own path is checked as above before a byte is read (opening a file
-//!   of `/proc` or `/sys` has no effect by itself). Where it has not, or for anything that
-//!   call refuses, the path is resolved on the host first, opened without following links,
+//!   of `/proc` or `/sys` has no effect by itself). A path is first opened that way without
+//!   following any link (`RESOLVE_NO_SYMLINKS`): then it is the very path asked for, checked
+//!   already, and is not read back; only a path that meets a link is opened again following
+//!   it, and remembered so the next round does that at once. The root and its top-level
+//!   names are opened afresh beneath the root's descriptor, never through a link. Where the
+//!   kernel has no `openat2`, or for anything that call refuses, the path is resolved on
+//!   the host first, opened without following links,
 //!   and the descriptor checked to be that very file (a link swapped in between is caught);
 //! - the files the agent keeps its own secrets in (token file, NATS credentials, its
 //!   configuration, the compile cache's key: [`crate::RuntimeOptions::secret_files`]) are
@@ -502,8 +507,8 @@ impl FileGrants {
         Ok(())
     }
 
-    /// Resolves and opens the path in one `openat2` call beneath its top-level directory.
-    /// Paths of fewer than two names (a top-level directory itself) take the host-side way.
+    /// Resolves and opens the path in one `openat2` call beneath its top-level directory
+    /// (the root and top-level names: see [`FileGrants::open_top`]).
     ///
     /// A path without symbolic links (most of `/proc` and `/sys/devices`) is opened with
     /// `RESOLVE_NO_SYMLINKS`: the kernel then walked exactly the names asked for, so the file
@@ -514,11 +519,18 @@ impl FileGrants {
     /// at once.
     #[cfg(target_os = "linux")]
     fn open_beneath(&self, names: &[&str], kind: Kind) -> Beneath {
+        if !OPENAT2.load(Ordering::Relaxed) {
+            return Beneath::Elsewhere;
+        }
+        let mut flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC;
+        if kind == Kind::Dir {
+            flags |= libc::O_DIRECTORY;
+        }
         let [top, rest @ ..] = names else {
-            return Beneath::Elsewhere;
+            return self.open_top(names, flags);
         };
-        if rest.is_empty() || !OPENAT2.load(Ordering::Relaxed) {
-            return Beneath::Elsewhere;
+        if rest.is_empty() {
+            return self.open_top(names, flags);
         }
         let Some(tree) = self.tree(top) else {
             return Beneath::Elsewhere;
@@ -528,10 +540,6 @@ impl FileGrants {
         let Ok(rest) = CString::new(&path[top.len() + 1..]) else {
             return Beneath::Elsewhere;
         };
-        let mut flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC;
-        if kind == Kind::Dir {
-            flags |= libc::O_DIRECTORY;
-        }
         if !self.linked(&path) {
             let no_links = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS;
             match openat2(&tree, &rest, flags, no_links) {
@@ -574,6 +582,58 @@ impl FileGrants {
         Beneath::Elsewhere
     }
 
+    /// The directory descriptor of the file root, opened now if it is not yet.
+    #[cfg(target_os = "linux")]
+    fn root_dir(&self, trees: &mut Trees) -> Option<Arc<OwnedFd>> {
+        if let Some(root) = &trees.root {
+            return Some(root.clone());
+        }
+        let path_only = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+        let path = CString::new(self.root.as_os_str().as_bytes()).ok()?;
+        // SAFETY: a valid C string; the descriptor returned is owned below.
+        let fd = unsafe { libc::open(path.as_ptr(), path_only) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` was just opened and nothing else owns it.
+        let root = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        trees.root = Some(root.clone());
+        Some(root)
+    }
+
+    /// Opens the file root itself (`names` empty) or one of its top-level names, beneath the
+    /// root's descriptor and without following a link: a fresh open, so a file system
+    /// mounted there since is the one seen (`statvfs` of a mount point). A top-level link
+    /// takes the host-side way, which names where it leads.
+    #[cfg(target_os = "linux")]
+    fn open_top(&self, names: &[&str], flags: libc::c_int) -> Beneath {
+        let root = {
+            let mut trees = self.trees.lock().unwrap_or_else(|e| e.into_inner());
+            self.root_dir(&mut trees)
+        };
+        let Some(root) = root else {
+            return Beneath::Elsewhere;
+        };
+        let Ok(name) = CString::new(names.first().copied().unwrap_or(".")) else {
+            return Beneath::Elsewhere;
+        };
+        let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS;
+        match openat2(&root, &name, flags, resolve) {
+            Ok(fd) => {
+                let mut real = self.root.clone();
+                real.extend(names);
+                Beneath::Plain(File::from(fd), real)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Beneath::Missing(e),
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::ENOSYS) {
+                    OPENAT2.store(false, Ordering::Relaxed);
+                }
+                Beneath::Elsewhere
+            }
+        }
+    }
+
     /// Whether `path` (`top/...` as asked for) was last reached through a link.
     #[cfg(target_os = "linux")]
     fn linked(&self, path: &str) -> bool {
@@ -600,21 +660,7 @@ impl FileGrants {
             return Some(fd.clone());
         }
         let path_only = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
-        let root = match &trees.root {
-            Some(root) => root.clone(),
-            None => {
-                let path = CString::new(self.root.as_os_str().as_bytes()).ok()?;
-                // SAFETY: a valid C string; the descriptor returned is owned below.
-                let fd = unsafe { libc::open(path.as_ptr(), path_only) };
-                if fd < 0 {
-                    return None;
-                }
-                // SAFETY: `fd` was just opened and nothing else owns it.
-                let root = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
-                trees.root = Some(root.clone());
-                root
-            }
-        };
+        let root = self.root_dir(&mut trees)?;
         let name = CString::new(top).ok()?;
         let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS;
         let fd = match openat2(&root, &name, path_only, resolve) {
@@ -924,6 +970,49 @@ mod tests {
         let err = grants.read(path).unwrap_err();
         assert!(err.contains("agent's own secrets"), "{err}");
         assert!(grants.read("/sys/token").is_err());
+    }
+
+    #[test]
+    fn the_root_and_top_level_names_are_opened_beneath_the_root_and_links_there_checked() {
+        let root = tempfile::tempdir().unwrap();
+        let at = |p: &str| root.path().join(p);
+        std::fs::create_dir_all(at("scratch")).unwrap();
+        std::fs::create_dir_all(at("real")).unwrap();
+        std::fs::write(at("scratch/file"), "x").unwrap();
+        std::os::unix::fs::symlink("/etc", at("outside")).unwrap();
+        std::os::unix::fs::symlink("real", at("inside")).unwrap();
+        let grants = FileGrants::new(
+            &[
+                "/".to_owned(),
+                "/scratch".to_owned(),
+                "/outside".to_owned(),
+                "/inside".to_owned(),
+                "/missing".to_owned(),
+            ],
+            Some(root.path()),
+            1 << 20,
+        )
+        .unwrap();
+        let s = grants.statvfs("/").unwrap();
+        assert!(s.block_size > 0 && s.blocks > 0, "{s:?}");
+        assert_eq!(grants.statvfs("/scratch").unwrap().blocks, s.blocks);
+        assert_eq!(
+            grants.list("/").unwrap(),
+            ["inside", "outside", "scratch"].map(String::from)
+        );
+        // A top-level link is resolved on the host: out of the root it is refused, and a
+        // link beside a top-level name does not lead into another tree either.
+        let err = grants.statvfs("/outside").unwrap_err();
+        assert!(err.contains("outside the plugin's file root"), "{err}");
+        let err = grants.statvfs("/inside").unwrap_err();
+        assert!(err.contains("leads outside /inside"), "{err}");
+        let err = grants.statvfs("/missing").unwrap_err();
+        assert!(err.contains("No such file"), "{err}");
+        // A top-level name that was a directory and turned into a link is checked again.
+        std::fs::remove_dir_all(at("scratch")).unwrap();
+        std::os::unix::fs::symlink("/etc", at("scratch")).unwrap();
+        let err = grants.statvfs("/scratch").unwrap_err();
+        assert!(err.contains("outside the plugin's file root"), "{err}");
     }
 
     #[test]
