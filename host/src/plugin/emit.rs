@@ -254,36 +254,45 @@ fn encode_views(
     points: &WasmList<PointView>,
     now_ns: i64,
 ) -> wasmtime::Result<Result<(), String>> {
+    writer.encoder.clear();
+    // First the points and their lists, as views (bounds-checked, no text read yet). Every
+    // tag takes at least 4 bytes (`,k=v`), every field 3 (`k=1`): lists that cannot fit in
+    // the batch, whatever they hold, are not even looked at.
     let views = points
         .iter(&mut *store)?
         .collect::<wasmtime::Result<Vec<_>>>()?;
-    writer.encoder.clear();
     let mut tag_views = Vec::new();
     let mut field_views = Vec::new();
-    for (index, view) in views.iter().enumerate() {
-        // Every tag takes at least 4 bytes (`,k=v`), every field 3 (`k=1`): longer lists
-        // cannot fit, whatever they hold, and are not even looked at.
-        let room = writer.room();
-        if view.tags.len() > room / 4 || view.fields.len() > room / 3 {
+    let mut least = 0usize;
+    for view in &views {
+        least = least
+            .saturating_add(view.tags.len().saturating_mul(4))
+            .saturating_add(view.fields.len().saturating_mul(3));
+        if least > writer.max_bytes {
             return Ok(Err(writer.too_large()));
         }
-        tag_views.clear();
         for tag in view.tags.iter(&mut *store)? {
             tag_views.push(tag?);
         }
-        field_views.clear();
         for field in view.fields.iter(&mut *store)? {
             field_views.push(field?);
         }
-        let memory = &*store;
+    }
+    // Then the texts, borrowed from the plugin's memory for the whole batch, so the lists
+    // of borrowed texts are reused from point to point.
+    let memory = &*store;
+    let mut tags: Vec<(Cow<'_, str>, Cow<'_, str>)> = Vec::new();
+    let mut fields: Vec<(Cow<'_, str>, Value<Cow<'_, str>>)> = Vec::new();
+    let (mut tag_views, mut field_views) = (tag_views.iter(), field_views.iter());
+    for (index, view) in views.iter().enumerate() {
+        let room = writer.room();
         let measurement = view.measurement.to_str(memory)?;
-        let mut tags: Vec<(Cow<'_, str>, Cow<'_, str>)> = Vec::with_capacity(tag_views.len());
-        for (key, value) in &tag_views {
+        tags.clear();
+        for (key, value) in tag_views.by_ref().take(view.tags.len()) {
             tags.push((key.to_str(memory)?, value.to_str(memory)?));
         }
-        let mut fields: Vec<(Cow<'_, str>, Value<Cow<'_, str>>)> =
-            Vec::with_capacity(field_views.len());
-        for (key, value) in &field_views {
+        fields.clear();
+        for (key, value) in field_views.by_ref().take(view.fields.len()) {
             let value = match value {
                 FieldView::Float(v) => Value::Float(*v),
                 FieldView::Int(v) => Value::Int(*v),
