@@ -47,10 +47,34 @@ impl Files for HostFiles {
 /// A collector as a plugin.
 pub struct CollectorPlugin<C> {
     runner: Runner<C>,
+    /// The points of a round, kept (empty) for the next one.
+    points: Vec<Point>,
+    /// Field lists of the last round's points (each holding its `value` name), reused by
+    /// the next round's points rather than allocated again for every point.
+    spare_fields: Vec<Vec<(String, FieldValue)>>,
+}
+
+/// The field list of a point whose only field is `value`, reusing `spare`'s allocations.
+fn value_field(
+    spare: Option<Vec<(String, FieldValue)>>,
+    value: FieldValue,
+) -> Vec<(String, FieldValue)> {
+    match spare {
+        Some(mut fields) if fields.len() == 1 && fields[0].0 == "value" => {
+            fields[0].1 = value;
+            fields
+        }
+        _ => alloc::vec![(String::from("value"), value)],
+    }
 }
 
 /// The point of a sample at `now_ns`.
 pub fn point(sample: Sample, now_ns: i64) -> Point {
+    point_with(sample, now_ns, None)
+}
+
+/// [`point`], its field list made from `spare` when given.
+fn point_with(sample: Sample, now_ns: i64, spare: Option<Vec<(String, FieldValue)>>) -> Point {
     let value = match sample.value {
         Value::Float(v) => FieldValue::Float(v),
         Value::Int(v) => FieldValue::Int(v),
@@ -58,7 +82,7 @@ pub fn point(sample: Sample, now_ns: i64) -> Point {
     Point {
         measurement: sample.name,
         tags: sample.tags,
-        fields: alloc::vec![(String::from("value"), value)],
+        fields: value_field(spare, value),
         time_ns: Some(now_ns),
     }
 }
@@ -72,7 +96,11 @@ impl<C: Collector + FromOptions> ccfleet_guest::Plugin for CollectorPlugin<C> {
         let mut runner = Runner::new(shared, collector);
         let hostname = runner.hostname(&mut HostFiles)?;
         log!(Level::Info, "{} ready as host {hostname}", C::NAME);
-        Ok(CollectorPlugin { runner })
+        Ok(CollectorPlugin {
+            runner,
+            points: Vec::new(),
+            spare_fields: Vec::new(),
+        })
     }
 
     fn on_config(&mut self, update: ConfigUpdate) -> Result<(), String> {
@@ -101,8 +129,18 @@ impl<C: Collector + FromOptions> ccfleet_guest::Plugin for CollectorPlugin<C> {
         if samples.is_empty() {
             return Ok(());
         }
-        let points: Vec<Point> = samples.into_iter().map(|s| point(s, now_ns)).collect();
-        emit(&points)
+        let mut points = core::mem::take(&mut self.points);
+        points.extend(
+            samples
+                .into_iter()
+                .map(|s| point_with(s, now_ns, self.spare_fields.pop())),
+        );
+        let result = emit(&points);
+        // The names and tags go; the field lists (one `value` each) serve the next round.
+        self.spare_fields.clear();
+        self.spare_fields.extend(points.drain(..).map(|p| p.fields));
+        self.points = points;
+        result
     }
 }
 
