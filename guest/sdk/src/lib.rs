@@ -42,6 +42,8 @@ compile_error!(
     "ccfleet-guest: enable `rt` (no_std plugins) or `std` (plugins linking std), not both"
 );
 
+#[cfg(any(test, all(feature = "rt", target_arch = "wasm32")))]
+mod alloc_classes;
 mod panic;
 
 use alloc::string::String;
@@ -302,8 +304,10 @@ macro_rules! export_plugin {
 
 #[cfg(all(feature = "rt", target_arch = "wasm32"))]
 mod rt {
+    // Small blocks from free lists, the rest from dlmalloc (see `alloc_classes`).
     #[global_allocator]
-    static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+    static ALLOCATOR: crate::alloc_classes::SizeClasses<dlmalloc::GlobalDlmalloc> =
+        crate::alloc_classes::SizeClasses::new(dlmalloc::GlobalDlmalloc);
 
     // A panic in a plugin traps its instance (the host restarts it from a fresh store), after
     // telling the host why.
