@@ -1267,6 +1267,30 @@ mod tests {
     }
 
     #[test]
+    fn a_line_read_partway_reads_on_right_whatever_the_thread_decodes_meanwhile() {
+        // Another line decoded between two reads of a line's fields replaces the thread's
+        // table; the rest of the first line must still read right (by scanning).
+        for stop_after in [3, 4, 5, 7, 8, 9, 12, 13] {
+            let text = many_fields_line(15, 31);
+            let line = Decoder::new(text.as_bytes()).next().unwrap().unwrap();
+            let mut fields = line.fields();
+            let mut got: Vec<(String, FieldValue<'_>)> = fields
+                .by_ref()
+                .take(stop_after)
+                .map(|(k, v)| (k.raw().to_owned(), v))
+                .collect();
+            let other = many_fields_line(11, 37);
+            let other_line = Decoder::new(other.as_bytes()).next().unwrap().unwrap();
+            got.extend(fields.map(|(k, v)| (k.raw().to_owned(), v)));
+            let want: Vec<(String, FieldValue<'_>)> = (0..15)
+                .map(|k| (format!("f{k}"), FieldValue::Int(k as i64 * 31)))
+                .collect();
+            assert_eq!(got, want, "stopped after {stop_after}");
+            assert_many_fields(&other_line, 11, 37);
+        }
+    }
+
+    #[test]
     fn fields_past_the_kept_ones_read_right_whichever_line_the_thread_decoded_last() {
         // Shorter lines after longer ones, each by a new decoder: the table's storage is
         // reused and must hold only the line's own fields (it once held an earlier line's
