@@ -15,7 +15,7 @@ use ccfleet::server::registry::{Registration, Registry, State};
 use ccfleet::wire::{Scope, ServiceType, encode_heartbeat, now_ns};
 use nats::{NatsCluster, NatsServer};
 use serde_json::{Value, json};
-use server_common::{eventually, start};
+use server_common::{eventually, nats_client, start};
 
 const SUBJECT: &str = "cc.fleet.event";
 
@@ -344,16 +344,6 @@ async fn a_heartbeat_stream_on_a_nats_server_without_jetstream_fails_start_up_by
     );
 }
 
-/// A client that keeps retrying, as a cluster member's publisher does.
-async fn cluster_client(url: &str) -> async_nats::Client {
-    async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .reconnect_delay_callback(|_| Duration::from_millis(100))
-        .connect(url)
-        .await
-        .unwrap()
-}
-
 /// The NATS node (`n0`..`n2`) leading the stream, once it has a leader.
 async fn stream_leader(js: &async_nats::jetstream::Context) -> Option<String> {
     let mut stream = js.get_stream(STREAM).await.ok()?;
@@ -366,7 +356,7 @@ const STREAM: &str = "ccfleet-heartbeats";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_replicated_on_three_nats_nodes_loses_nothing_when_its_leader_is_killed() {
     let mut cluster = NatsCluster::start();
-    let js = async_nats::jetstream::new(cluster_client(&cluster.url(1)).await);
+    let js = async_nats::jetstream::new(nats_client(&cluster.url(1)).await);
     eventually("JetStream to answer", Duration::from_secs(30), || async {
         js.query_account().await.is_ok()
     })
@@ -394,7 +384,7 @@ async fn a_stream_replicated_on_three_nats_nodes_loses_nothing_when_its_leader_i
         .clone();
     assert_eq!(info.config.num_replicas, 3, "{info:?}");
 
-    let publisher = cluster_client(&cluster.url(1)).await;
+    let publisher = nats_client(&cluster.url(1)).await;
     let publish = |ids: Vec<String>| {
         let publisher = publisher.clone();
         async move {
@@ -419,7 +409,7 @@ async fn a_stream_replicated_on_three_nats_nodes_loses_nothing_when_its_leader_i
     let killed: usize = leader.trim_start_matches('n').parse().unwrap();
     cluster.nodes[killed].kill();
     let survivor = cluster.url((killed + 1) % 3);
-    let js = async_nats::jetstream::new(cluster_client(&survivor).await);
+    let js = async_nats::jetstream::new(nats_client(&survivor).await);
     eventually(
         "the survivors to elect a new stream leader",
         Duration::from_secs(45),
@@ -428,7 +418,7 @@ async fn a_stream_replicated_on_three_nats_nodes_loses_nothing_when_its_leader_i
     .await;
     // Plain publishes, as agents send them, to a node that is still up; stored by the
     // stream now that it has a leader again.
-    let publisher = cluster_client(&survivor).await;
+    let publisher = nats_client(&survivor).await;
     for id in &ids[20..] {
         let payload = encode_heartbeat(now_ns(), &[id.as_str()]).unwrap();
         publisher.publish(SUBJECT, payload.into()).await.unwrap();
