@@ -1,6 +1,7 @@
-//! Every unescaping implementation (portable, SSE2, AVX2, NEON: whichever this CPU runs)
-//! against a byte-at-a-time reference and against each other, on every token length up to
-//! 200 with each escape at every position, and on random tokens dense with escapes.
+//! Every unescaping implementation (portable, SSE2, AVX2, AVX-512 VBMI2, NEON: whichever
+//! this CPU runs) against a byte-at-a-time reference and against each other, on every token
+//! length up to 200 with each escape at every position, and on random tokens dense with
+//! escapes.
 
 use ccfleet::lineproto::{TokenKind, unescape_implementations};
 
@@ -74,6 +75,15 @@ fn the_implementations_this_cpu_runs_are_all_tested() {
         assert_eq!(
             names.contains(&"avx2"),
             std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("popcnt")
+        );
+        assert_eq!(
+            names.contains(&"avx512"),
+            std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::is_x86_feature_detected!("avx512vbmi2")
+                && std::is_x86_feature_detected!("popcnt")
         );
     }
     #[cfg(target_arch = "aarch64")]

@@ -106,18 +106,9 @@ fn config(url: &str, lease_ttl: &str, tree: Option<&std::path::Path>) -> Value {
     })
 }
 
-async fn client(url: &str) -> async_nats::Client {
-    async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .reconnect_delay_callback(|_| Duration::from_millis(100))
-        .connect(url)
-        .await
-        .unwrap()
-}
-
 /// Waits until JetStream answers on `url` (the cluster elected its meta leader).
 async fn jetstream_ready(url: &str) {
-    let js = async_nats::jetstream::new(client(url).await);
+    let js = async_nats::jetstream::new(nats_client(url).await);
     eventually("JetStream to answer", Duration::from_secs(30), || async {
         js.query_account().await.is_ok()
     })
@@ -204,7 +195,7 @@ async fn a_registration_through_one_server_is_served_by_the_others_and_heartbeat
         assert_eq!(fresh.bytes().await.unwrap(), body);
     }
 
-    let publisher = client(&nats.url(0)).await;
+    let publisher = nats_client(&nats.url(0)).await;
     heartbeat_all(&publisher, &ids).await;
     eventually(
         "heartbeats over NATS to activate everyone everywhere",
@@ -254,7 +245,7 @@ async fn the_roster_leader_killed_under_load_fails_over_within_two_lease_periods
     let backend = register_ok(&http, nodes[0].server(), "cluster", &member("ccb01", "ccb")).await;
     assert_eq!(heartbeat(&http, nodes[0].server(), &backend).await, 204);
 
-    let watcher = client(&nats.url(2)).await;
+    let watcher = nats_client(&nats.url(2)).await;
     let mut rosters = watcher
         .subscribe(format!("{DEFAULT_DISCOVERY_PREFIX}.>"))
         .await
@@ -431,7 +422,7 @@ async fn a_killed_nats_node_and_a_restart_of_every_server_lose_nothing() {
         more.push(id.unwrap());
     }
     ids.extend(more);
-    let publisher = client(&nats.url(1)).await;
+    let publisher = nats_client(&nats.url(1)).await;
     assert_eq!(deregister(&http, nodes[1].server(), &ids[6]).await, 204);
     let pulled = pull(&http, nodes[2].server(), &ids[7], None).await;
     assert_eq!(pulled.status(), 200);
@@ -521,7 +512,7 @@ async fn two_servers_racing_to_register_one_member_leave_one_identity() {
         },
     )
     .await;
-    let kv = async_nats::jetstream::new(client(&nats.url(2)).await)
+    let kv = async_nats::jetstream::new(nats_client(&nats.url(2)).await)
         .get_key_value(BUCKET)
         .await
         .unwrap();
@@ -646,7 +637,7 @@ async fn watching_registry_on(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_bucket_is_an_unavailable_store_naming_it() {
     let nats = NatsServer::start_jetstream();
-    let client = client(&nats.url()).await;
+    let client = nats_client(&nats.url()).await;
     let e = jetstream::bucket(&client, &settings("nothere"), false)
         .await
         .unwrap_err();
@@ -657,7 +648,7 @@ async fn a_missing_bucket_is_an_unavailable_store_naming_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deregistration_that_lost_a_race_to_a_re_registration_leaves_the_new_instance_alone() {
     let nats = NatsServer::start_jetstream();
-    let client = client(&nats.url()).await;
+    let client = nats_client(&nats.url()).await;
     // Two servers' registries on one bucket, without their watches: each learns of the
     // other's writes only through lost compare-and-set races.
     let one = registry_on(&client, "race").await;
@@ -689,7 +680,7 @@ async fn a_deregistration_that_lost_a_race_to_a_re_registration_leaves_the_new_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_registered_through_another_server_a_moment_ago_is_never_unknown() {
     let nats = NatsServer::start_jetstream();
-    let client = client(&nats.url()).await;
+    let client = nats_client(&nats.url()).await;
     let elsewhere = registry_on(&client, "moment").await;
     let (here, _stop) = watching_registry_on(&client, "moment").await;
     for i in 0..20 {
@@ -775,9 +766,9 @@ async fn a_bucket_watch_that_stopped_delivering_is_noticed_and_replaced() {
     // sending idle heartbeats, so nothing looks wrong to the client): the server must see
     // that the bucket moved on without it and watch anew.
     let nats = NatsServer::start_jetstream();
-    let writer = client(&nats.url()).await;
+    let writer = nats_client(&nats.url()).await;
     let elsewhere = registry_on(&writer, "stall").await;
-    let (here, _stop) = watching_registry_on(&client(&nats.url()).await, "stall").await;
+    let (here, _stop) = watching_registry_on(&nats_client(&nats.url()).await, "stall").await;
     let first = elsewhere
         .register(registration("s00"))
         .await

@@ -1,6 +1,7 @@
 //! The opt-in JetStream heartbeat consumer (`fleet.heartbeat-stream`) against a real
 //! nats-server with JetStream: nothing published while servers are down or while the
-//! registry fails is lost, and servers sharing the stream apply each heartbeat once.
+//! registry fails is lost, servers sharing the stream apply each heartbeat once, and a
+//! stream replicated over three NATS nodes survives the death of its leader.
 #![cfg(feature = "server")]
 
 #[path = "support/nats.rs"]
@@ -12,9 +13,9 @@ use std::time::Duration;
 use ccfleet::server::RunningServer;
 use ccfleet::server::registry::{Registration, Registry, State};
 use ccfleet::wire::{Scope, ServiceType, encode_heartbeat, now_ns};
-use nats::NatsServer;
+use nats::{NatsCluster, NatsServer};
 use serde_json::{Value, json};
-use server_common::{eventually, start};
+use server_common::{eventually, nats_client, start};
 
 const SUBJECT: &str = "cc.fleet.event";
 
@@ -341,4 +342,114 @@ async fn a_heartbeat_stream_on_a_nats_server_without_jetstream_fails_start_up_by
         e.contains("fleet.heartbeat-stream") && e.contains("creating stream"),
         "{e}"
     );
+}
+
+/// The NATS node (`n0`..`n2`) leading the stream, once it has a leader.
+async fn stream_leader(js: &async_nats::jetstream::Context) -> Option<String> {
+    let mut stream = js.get_stream(STREAM).await.ok()?;
+    let info = stream.info().await.ok()?;
+    info.cluster.as_ref()?.leader.clone()
+}
+
+const STREAM: &str = "ccfleet-heartbeats";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_replicated_on_three_nats_nodes_loses_nothing_when_its_leader_is_killed() {
+    let mut cluster = NatsCluster::start();
+    let js = async_nats::jetstream::new(nats_client(&cluster.url(1)).await);
+    eventually("JetStream to answer", Duration::from_secs(30), || async {
+        js.query_account().await.is_ok()
+    })
+    .await;
+    let config = json!({
+        "disable-authentication": true,
+        "nats": {"address": cluster.url(0)},
+        "fleet": {
+            "heartbeat-subject": SUBJECT,
+            "heartbeat-stream": {"replicas": 3, "ack-wait": "5s"},
+        },
+    });
+    let server = start(config).await;
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        ids.push(register(server.registry(), &format!("m{i:02}")).await);
+    }
+    let info = js
+        .get_stream(STREAM)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(info.config.num_replicas, 3, "{info:?}");
+
+    let publisher = nats_client(&cluster.url(1)).await;
+    let publish = |ids: Vec<String>| {
+        let publisher = publisher.clone();
+        async move {
+            for id in ids {
+                let payload = encode_heartbeat(now_ns(), &[id.as_str()]).unwrap();
+                publisher.publish(SUBJECT, payload.into()).await.unwrap();
+            }
+            publisher.flush().await.unwrap();
+        }
+    };
+    publish(ids[..20].to_vec()).await;
+    eventually(
+        "the heartbeats before the kill applied",
+        Duration::from_secs(20),
+        || async { server.heartbeat_stats().applied == 20 },
+    )
+    .await;
+
+    // SIGKILL the node leading the stream (and so, most likely, the consumer): the stream
+    // and the durable consumer move to the survivors, and the server's pulls must follow.
+    let leader = stream_leader(&js).await.expect("the stream has a leader");
+    let killed: usize = leader.trim_start_matches('n').parse().unwrap();
+    cluster.nodes[killed].kill();
+    let survivor = cluster.url((killed + 1) % 3);
+    let js = async_nats::jetstream::new(nats_client(&survivor).await);
+    eventually(
+        "the survivors to elect a new stream leader",
+        Duration::from_secs(45),
+        || async { stream_leader(&js).await.is_some_and(|now| now != leader) },
+    )
+    .await;
+    // Plain publishes, as agents send them, to a node that is still up; stored by the
+    // stream now that it has a leader again.
+    let publisher = nats_client(&survivor).await;
+    for id in &ids[20..] {
+        let payload = encode_heartbeat(now_ns(), &[id.as_str()]).unwrap();
+        publisher.publish(SUBJECT, payload.into()).await.unwrap();
+    }
+    publisher.flush().await.unwrap();
+    // A work-queue stream drops what was acknowledged: its last sequence counts what it
+    // ever stored.
+    eventually(
+        "the stream to have stored all 40 heartbeats",
+        Duration::from_secs(20),
+        || async {
+            let Ok(mut stream) = js.get_stream(STREAM).await else {
+                return false;
+            };
+            stream
+                .info()
+                .await
+                .is_ok_and(|info| info.state.last_sequence >= 40)
+        },
+    )
+    .await;
+    eventually(
+        "every heartbeat applied after the leader moved",
+        Duration::from_secs(60),
+        || async { server.heartbeat_stats().applied >= 40 },
+    )
+    .await;
+    for id in &ids {
+        assert_eq!(state(&server, id), State::Active, "{id}");
+    }
+    let stats = server.heartbeat_stats();
+    assert_eq!((stats.unknown, stats.dropped), (0, 0), "{stats:?}");
+    server.shutdown().await.unwrap();
 }

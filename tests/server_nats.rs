@@ -25,15 +25,6 @@ fn line(id: &str) -> String {
     )
 }
 
-async fn nats_client(url: &str) -> async_nats::Client {
-    async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .reconnect_delay_callback(|_| Duration::from_millis(100))
-        .connect(url)
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_over_nats() {
     let nats = NatsServer::start();

@@ -1,6 +1,6 @@
 use super::error::{DecodeError, DecodeErrorKind};
 use super::precision::Precision;
-use super::simd;
+use super::simd::{self, StopWindow};
 use super::table::{FIELD_VALUE_STOP, KEY_STOP, MEASUREMENT_STOP, is_non_printable};
 use super::token::{Token, TokenKind};
 use super::value::{self, FieldValue};
@@ -440,9 +440,10 @@ impl<'a> Cursor<'a> {
     ) -> Result<(Line<'a>, usize, usize), Failure> {
         let buf = self.buf;
         let mut i = start;
+        let mut window = StopWindow::new();
 
         // Measurement.
-        let (m_end, m_escaped, m_high) = scan_token(buf, i, &MEASUREMENT_STOP, b" ,");
+        let (m_end, m_escaped, m_high) = scan_token(&mut window, buf, i, &MEASUREMENT_STOP, b" ,");
         if m_high {
             self.check_utf8(start, m_end)?;
         }
@@ -466,7 +467,7 @@ impl<'a> Cursor<'a> {
                 break;
             }
             let k_start = i;
-            let (k_end, k_escaped, k_high) = scan_token(buf, i, &KEY_STOP, b",= ");
+            let (k_end, k_escaped, k_high) = scan_token(&mut window, buf, i, &KEY_STOP, b",= ");
             if k_high {
                 self.check_utf8(k_start, k_end)?;
             }
@@ -485,7 +486,7 @@ impl<'a> Cursor<'a> {
             }
             i += 1;
             let v_start = i;
-            let (v_end, v_escaped, v_high) = scan_token(buf, i, &KEY_STOP, b",= ");
+            let (v_end, v_escaped, v_high) = scan_token(&mut window, buf, i, &KEY_STOP, b",= ");
             if v_high {
                 self.check_utf8(v_start, v_end)?;
             }
@@ -520,7 +521,7 @@ impl<'a> Cursor<'a> {
         let mut next = 0;
         loop {
             let k_start = i;
-            let (k_end, k_escaped, k_high) = scan_token(buf, i, &KEY_STOP, b",= ");
+            let (k_end, k_escaped, k_high) = scan_token(&mut window, buf, i, &KEY_STOP, b",= ");
             if k_high {
                 self.check_utf8(k_start, k_end)?;
             }
@@ -836,15 +837,18 @@ impl<'a> Cursor<'a> {
 /// any other backslash is a literal one. Returns the end, whether the token holds a
 /// backslash, and whether it holds a byte above 0x7f (its UTF-8 must then be checked).
 #[inline]
-fn scan_token(buf: &[u8], mut i: usize, stop: &[bool; 256], escapes: &[u8]) -> (usize, bool, bool) {
+fn scan_token(
+    window: &mut StopWindow,
+    buf: &[u8],
+    mut i: usize,
+    stop: &[bool; 256],
+    escapes: &[u8],
+) -> (usize, bool, bool) {
     let mut escaped = false;
     let mut high = false;
     let with_equals = stop[usize::from(b'=')];
     loop {
-        i = simd::skip_token_bytes(buf, i, with_equals);
-        while i < buf.len() && !stop[buf[i] as usize] {
-            i += 1;
-        }
+        i = window.skip(buf, i, with_equals);
         match buf.get(i) {
             Some(b'\\') => {
                 escaped = true;
@@ -873,7 +877,7 @@ fn validated_token_end(section: &[u8], i: usize, end: u8) -> (usize, bool) {
     if section.get(at) != Some(&b'\\') {
         return (at, false);
     }
-    let (at, escaped, _) = scan_token(section, i, &KEY_STOP, b",= ");
+    let (at, escaped, _) = scan_token(&mut StopWindow::new(), section, i, &KEY_STOP, b",= ");
     (at, escaped)
 }
 
@@ -1260,6 +1264,30 @@ mod tests {
             .map(|k| (format!("f{k}"), FieldValue::Int(k as i64 * seed)))
             .collect();
         assert_eq!(got, want, "{n} fields, seed {seed}");
+    }
+
+    #[test]
+    fn a_line_read_partway_reads_on_right_whatever_the_thread_decodes_meanwhile() {
+        // Another line decoded between two reads of a line's fields replaces the thread's
+        // table; the rest of the first line must still read right (by scanning).
+        for stop_after in [3, 4, 5, 7, 8, 9, 12, 13] {
+            let text = many_fields_line(15, 31);
+            let line = Decoder::new(text.as_bytes()).next().unwrap().unwrap();
+            let mut fields = line.fields();
+            let mut got: Vec<(String, FieldValue<'_>)> = fields
+                .by_ref()
+                .take(stop_after)
+                .map(|(k, v)| (k.raw().to_owned(), v))
+                .collect();
+            let other = many_fields_line(11, 37);
+            let other_line = Decoder::new(other.as_bytes()).next().unwrap().unwrap();
+            got.extend(fields.map(|(k, v)| (k.raw().to_owned(), v)));
+            let want: Vec<(String, FieldValue<'_>)> = (0..15)
+                .map(|k| (format!("f{k}"), FieldValue::Int(k as i64 * 31)))
+                .collect();
+            assert_eq!(got, want, "stopped after {stop_after}");
+            assert_many_fields(&other_line, 11, 37);
+        }
     }
 
     #[test]

@@ -52,8 +52,9 @@ pub use value::FieldValue;
 #[doc(hidden)]
 pub type UnescapeFn = fn(&str, TokenKind, &mut String);
 
-/// Every unescaping implementation this CPU can run (portable, SSE2, AVX2, NEON), by name:
-/// for differential tests and fuzzing, which compare them with each other. Not a stable API.
+/// Every unescaping implementation this CPU can run (portable, SSE2, AVX2, AVX-512, NEON), by
+/// name: for differential tests and fuzzing, which compare them with each other. Not a
+/// stable API.
 #[doc(hidden)]
 pub fn unescape_implementations() -> Vec<(&'static str, UnescapeFn)> {
     simd::unescape_implementations()

@@ -1,5 +1,7 @@
 //! Block-at-a-time string scanning and unescaping: 8 (a `u64` word), 16 (SSE2, NEON) or 32
-//! (AVX2) bytes per step, each step turning the block into bit masks (bit `i` = byte `i`).
+//! (AVX2, or AVX-512 VBMI2 whose `vpcompressb` takes the escapes out of a block in one
+//! instruction) bytes per step, each step turning the block into bit masks (bit `i` = byte
+//! `i`).
 //!
 //! JSON payloads (every fleet message) put an escape every few bytes, so anything that
 //! handles escapes one at a time with a search in between pays that search per escape. Here
@@ -340,6 +342,66 @@ mod x86 {
             }
         }
     }
+
+    /// 32 bytes in an AVX2 register, on a CPU that also has AVX-512 VBMI2 (with BW and VL):
+    /// the escapes are taken out of a block with one `vpcompressb` instead of a table
+    /// lookup and a shuffle per 8 bytes. Only used where those were detected at run time.
+    #[derive(Clone, Copy)]
+    pub(crate) struct Avx512(__m256i);
+
+    impl Block for Avx512 {
+        const N: usize = 32;
+        type Half = Sse2;
+        const STORES_ALL: bool = true;
+
+        #[inline(always)]
+        unsafe fn store_without(self, _p: *const u8, drops: u64, dst: *mut u8, w: usize) -> usize {
+            // SAFETY: an `Avx512` value exists only on CPUs with AVX-512 VBMI2, BW and VL
+            // (see `load`); the store writes 32 bytes at `dst + w`, within the caller's
+            // writable range.
+            unsafe {
+                let packed = _mm256_maskz_compress_epi8(!(drops as u32), self.0);
+                _mm256_storeu_si256(dst.add(w).cast(), packed);
+            }
+            w + 32 - (drops as u32).count_ones() as usize
+        }
+
+        #[inline(always)]
+        fn any_string_special(self) -> bool {
+            Avx2(self.0).any_string_special()
+        }
+
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> Self {
+            // SAFETY: the caller guarantees 32 readable bytes and that the CPU has AVX-512
+            // VBMI2, BW and VL (this type is only used inside `#[target_feature]` functions
+            // that are called after `is_x86_feature_detected!` found them).
+            Avx512(unsafe { _mm256_loadu_si256(p.cast()) })
+        }
+
+        #[inline(always)]
+        unsafe fn store(self, p: *mut u8) {
+            // SAFETY: as for `load`, with 32 writable bytes.
+            unsafe { _mm256_storeu_si256(p.cast(), self.0) }
+        }
+
+        #[inline(always)]
+        fn eq(self, b: u8) -> u64 {
+            // SAFETY: an `Avx512` value exists only on CPUs with AVX-512 BW and VL.
+            unsafe { u64::from(_mm256_cmpeq_epi8_mask(self.0, _mm256_set1_epi8(b as i8))) }
+        }
+
+        #[inline(always)]
+        fn high(self) -> u64 {
+            // SAFETY: an `Avx512` value exists only on CPUs with AVX-512 BW and VL.
+            unsafe { u64::from(_mm256_movepi8_mask(self.0)) }
+        }
+
+        #[inline(always)]
+        fn eq3(self, a: u8, b: u8, c: u8) -> u64 {
+            self.eq(a) | self.eq(b) | self.eq(c)
+        }
+    }
 }
 
 #[cfg(target_arch = "aarch64")]
@@ -463,15 +525,14 @@ impl ScanState {
     }
 }
 
-/// Scans a string field body on from `st.i` to the first quote that no backslash escapes;
-/// every backslash escapes the byte after it here, whatever it is (the unescaping rules
-/// are [`unescape_into`]'s business). Returns `None`, with `st` advanced, once `st.i`
-/// reaches `pause` without an answer.
+/// Scans a string field body on from `st.i` to the first quote that no backslash escapes,
+/// with blocks of type `B`; every backslash escapes the byte after it here, whatever it is
+/// (the unescaping rules are [`unescape_into`]'s business).
 #[inline(always)]
-fn scan_blocks<B: Block>(buf: &[u8], st: &mut ScanState, pause: usize) -> Option<StringScan> {
+fn scan_on<B: Block>(buf: &[u8], mut st: ScanState) -> StringScan {
     let n = B::N;
     let mut tail = [0u8; 32];
-    while st.i < pause {
+    loop {
         let i = st.i;
         let (block, real) = if i + n <= buf.len() {
             // SAFETY: `i + n <= buf.len()`.
@@ -483,7 +544,7 @@ fn scan_blocks<B: Block>(buf: &[u8], st: &mut ScanState, pause: usize) -> Option
             // SAFETY: `tail` holds 32 >= n bytes.
             (unsafe { B::load(tail.as_ptr()) }, real)
         } else {
-            return Some(st.done(buf.len()));
+            return st.done(buf.len());
         };
         if real == n && !block.any_string_special() {
             // Nothing to look at (plain text): byte 0 may have been escaped, nothing else.
@@ -511,14 +572,13 @@ fn scan_blocks<B: Block>(buf: &[u8], st: &mut ScanState, pause: usize) -> Option
             st.newlines += newlines.count_ones() as usize;
         }
         if closing != 0 {
-            return Some(st.done(i + closing.trailing_zeros() as usize));
+            return st.done(i + closing.trailing_zeros() as usize);
         }
         if real < n {
-            return Some(st.done(buf.len()));
+            return st.done(buf.len());
         }
         st.i += n;
     }
-    None
 }
 
 /// A whole scan with blocks of type `B`, from `start` (after the opening quote).
@@ -535,25 +595,17 @@ fn scan_string_with<B: Block>(buf: &[u8], start: usize) -> StringScan {
     scan_on::<B>(buf, st)
 }
 
-/// The rest of a scan with blocks of type `B`.
-#[inline(always)]
-fn scan_on<B: Block>(buf: &[u8], mut st: ScanState) -> StringScan {
-    scan_blocks::<B>(buf, &mut st, usize::MAX).expect("an unbounded scan ends")
-}
+/// One implementation of a scan; unsafe to call because it may use instructions that only
+/// some CPUs have.
+#[cfg(target_arch = "x86_64")]
+type ScanOnFn = unsafe fn(&[u8], ScanState) -> StringScan;
 
-/// One implementation of the rest of a scan.
-type ScanOnFn = fn(&[u8], ScanState) -> StringScan;
-
-/// The AVX2 rest of a scan, or `None` when this CPU lacks AVX2.
+/// The AVX2 scan, or `None` when this CPU lacks AVX2.
 #[cfg(target_arch = "x86_64")]
 fn scan_on_avx2() -> Option<ScanOnFn> {
     #[target_feature(enable = "avx2")]
-    fn unchecked(buf: &[u8], st: ScanState) -> StringScan {
-        scan_on::<x86::Avx2>(buf, st)
-    }
     fn avx2(buf: &[u8], st: ScanState) -> StringScan {
-        // SAFETY: this function is only handed out after `is_x86_feature_detected!("avx2")`.
-        unsafe { unchecked(buf, st) }
+        scan_on::<x86::Avx2>(buf, st)
     }
     std::is_x86_feature_detected!("avx2").then_some(avx2 as ScanOnFn)
 }
@@ -587,15 +639,14 @@ fn scan_implementations() -> Vec<(&'static str, ScanFn)> {
     all
 }
 
-/// Scans a string field body from `start` (after its opening quote). Most strings are
-/// short (a heartbeat's payload is about 50 bytes), so the first 64 bytes go through
-/// blocks that every CPU of the target has, inlined; a longer string continues with the
-/// widest blocks this CPU has, chosen on first use.
-#[inline]
+/// Scans a string field body from `start` (after its opening quote) with the widest blocks
+/// this CPU has. On x86-64 that is AVX2 when present, chosen on first use: a heartbeat's
+/// 50-byte payload is then two blocks instead of four SSE2 ones, which saves more than the
+/// call through a pointer costs (a tenth of decoding a heartbeat, against inlined SSE2
+/// blocks for the first 64 bytes). NEON, which every aarch64 CPU has, is inlined.
+#[inline(always)]
 pub(crate) fn scan_string(buf: &[u8], start: usize) -> StringScan {
-    use std::sync::OnceLock;
-    static REST: OnceLock<ScanOnFn> = OnceLock::new();
-    let mut st = ScanState {
+    let st = ScanState {
         i: start,
         carry: 0,
         backslashes: false,
@@ -603,22 +654,18 @@ pub(crate) fn scan_string(buf: &[u8], start: usize) -> StringScan {
         newlines: 0,
     };
     #[cfg(target_arch = "x86_64")]
-    type Short = x86::Sse2;
-    #[cfg(target_arch = "aarch64")]
-    type Short = arm::Neon;
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    type Short = Word;
-    if let Some(done) = scan_blocks::<Short>(buf, &mut st, start.saturating_add(64)) {
-        return done;
+    {
+        use std::sync::OnceLock;
+        static SCAN: OnceLock<ScanOnFn> = OnceLock::new();
+        // Chosen without allocating: decoding allocates nothing, not even on first use.
+        let scan = SCAN.get_or_init(|| scan_on_avx2().unwrap_or(scan_on::<x86::Sse2>));
+        // SAFETY: `scan` runs only with instructions this CPU has (see `scan_on_avx2`).
+        unsafe { scan(buf, st) }
     }
-    // Chosen without allocating: decoding allocates nothing, not even on first use.
-    let rest = REST.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        return scan_on_avx2().unwrap_or(scan_on::<x86::Sse2>);
-        #[cfg(not(target_arch = "x86_64"))]
-        return scan_on::<Short>;
-    });
-    rest(buf, st)
+    #[cfg(target_arch = "aarch64")]
+    return scan_on::<arm::Neon>(buf, st);
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return scan_on::<Word>(buf, st);
 }
 
 /// The index of the first `a` or `b` at or after `i`, or `buf.len()`: how a token of an
@@ -647,40 +694,121 @@ pub(crate) fn find2(buf: &[u8], mut i: usize, a: u8, b: u8) -> usize {
     i
 }
 
-/// Skips the bytes of a measurement or key token that need no closer look, 16 at a time:
-/// returns the index of the first byte at or after `i` that is a space, comma, backslash,
-/// `=` (when `with_equals`), a control character, DEL or above 0x7f (the stop tables of the
-/// token scanner), or `buf.len()`'s neighbourhood: when fewer than 16 bytes remain the
-/// caller's byte loop finishes the job.
-#[inline(always)]
-pub(crate) fn skip_token_bytes(buf: &[u8], i: usize, with_equals: bool) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    let mut i = i;
-    #[cfg(target_arch = "x86_64")]
-    while i + 16 <= buf.len() {
-        use std::arch::x86_64::*;
-        // SAFETY: SSE2 is part of the x86-64 baseline, and `buf[i..i + 16]` is readable.
-        let stops = unsafe {
-            let v = _mm_loadu_si128(buf.as_ptr().add(i).cast());
-            let eq = |b: u8| _mm_cmpeq_epi8(v, _mm_set1_epi8(b as i8));
-            let mut stops = _mm_or_si128(_mm_or_si128(eq(b' '), eq(b',')), eq(b'\\'));
-            if with_equals {
-                stops = _mm_or_si128(stops, eq(b'='));
-            }
-            // Signed: bytes above 0x7f are negative, so one comparison finds them and the
-            // control characters.
-            stops = _mm_or_si128(stops, _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));
-            stops = _mm_or_si128(stops, eq(0x7f));
-            _mm_movemask_epi8(stops) as u32
-        };
-        if stops != 0 {
-            return i + stops.trailing_zeros() as usize;
+/// The stop bytes of 64 bytes of the input, found once for every token that lies in them.
+///
+/// A line's measurement, tag keys and values and field keys are mostly a few bytes long, and
+/// where one ends decides where the next starts: with a block load and six comparisons per
+/// token, each token waited for the previous one's whole chain of loads, comparisons and
+/// counts. A window finds the stops of 64 bytes at a time, so the tokens of a short line are
+/// each ended with a shift and a count of bits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StopWindow {
+    /// Where the window starts in the input.
+    base: usize,
+    /// 64 once the window holds masks, 0 before.
+    len: usize,
+    /// Bit `k`: byte `base + k` is a space, comma, backslash, control character, DEL or above
+    /// 0x7f (what ends or needs a closer look in a measurement), or lies past the input.
+    plain: u64,
+    /// Bit `k`: byte `base + k` is `=` (what also ends a key or tag value).
+    equals: u64,
+}
+
+impl StopWindow {
+    /// A window that holds nothing yet.
+    #[inline(always)]
+    pub(crate) const fn new() -> Self {
+        StopWindow {
+            base: 0,
+            len: 0,
+            plain: 0,
+            equals: 0,
         }
-        i += 16;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (buf, with_equals);
-    i
+
+    /// The index of the first byte at or after `i` that the token scanner's stop table
+    /// holds (`MEASUREMENT_STOP`, or `KEY_STOP` when `with_equals`), or `buf.len()`.
+    #[inline(always)]
+    pub(crate) fn skip(&mut self, buf: &[u8], i: usize, with_equals: bool) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut i = i;
+            loop {
+                let off = i.wrapping_sub(self.base);
+                if off < self.len {
+                    let stops = self.plain | if with_equals { self.equals } else { 0 };
+                    let m = stops >> off;
+                    if m != 0 {
+                        // Past the input every byte counts as a stop: the first is its end.
+                        return (i + m.trailing_zeros() as usize).min(buf.len());
+                    }
+                    i = self.base + self.len;
+                }
+                if i >= buf.len() {
+                    return buf.len();
+                }
+                self.fill(buf, i);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            use super::table::{KEY_STOP, MEASUREMENT_STOP};
+            let _ = self;
+            let stop = if with_equals {
+                &KEY_STOP
+            } else {
+                &MEASUREMENT_STOP
+            };
+            let mut i = i;
+            while i < buf.len() && !stop[usize::from(buf[i])] {
+                i += 1;
+            }
+            i
+        }
+    }
+
+    /// Finds the stops of the 64 bytes from `i` (`i < buf.len()`); bytes past the input
+    /// count as stops.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn fill(&mut self, buf: &[u8], i: usize) {
+        use std::arch::x86_64::*;
+        let mut padded = [0u8; 64];
+        let p = if i + 64 <= buf.len() {
+            // SAFETY: `i + 64 <= buf.len()`.
+            unsafe { buf.as_ptr().add(i) }
+        } else {
+            // The last bytes: zeros are control characters, so stops.
+            padded[..buf.len() - i].copy_from_slice(&buf[i..]);
+            padded.as_ptr()
+        };
+        let (mut plain, mut equals) = (0u64, 0u64);
+        for k in 0..4 {
+            // SAFETY: SSE2 is part of the x86-64 baseline, and `p..p + 64` is readable.
+            let (s, e) = unsafe {
+                let v = _mm_loadu_si128(p.add(16 * k).cast());
+                let eq = |b: u8| _mm_cmpeq_epi8(v, _mm_set1_epi8(b as i8));
+                let stops = _mm_or_si128(
+                    _mm_or_si128(_mm_or_si128(eq(b' '), eq(b',')), eq(b'\\')),
+                    // Signed: bytes above 0x7f are negative, so one comparison finds them and
+                    // the control characters.
+                    _mm_or_si128(_mm_cmplt_epi8(v, _mm_set1_epi8(0x20)), eq(0x7f)),
+                );
+                (
+                    _mm_movemask_epi8(stops) as u32 as u64,
+                    _mm_movemask_epi8(eq(b'=')) as u32 as u64,
+                )
+            };
+            plain |= s << (16 * k);
+            equals |= e << (16 * k);
+        }
+        *self = StopWindow {
+            base: i,
+            len: 64,
+            plain,
+            equals,
+        };
+    }
 }
 
 /// Token kinds as const-generic parameters, so that each kind gets its own loop.
@@ -1004,6 +1132,34 @@ unsafe fn unescape_avx2_unchecked(raw: &str, kind: TokenKind, out: &mut String) 
     unsafe { unescape_into_with::<x86::Avx2, x86::Sse2>(raw, kind, out) }
 }
 
+/// The AVX-512 implementation (32-byte blocks compacted with VBMI2's `vpcompressb`).
+///
+/// # Safety
+/// The CPU must support AVX2, AVX-512 F, BW, VL and VBMI2, and POPCNT.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt")]
+unsafe fn unescape_avx512_unchecked(raw: &str, kind: TokenKind, out: &mut String) {
+    // SAFETY: the caller checked for these features.
+    unsafe { unescape_into_with::<x86::Avx512, x86::Sse2>(raw, kind, out) }
+}
+
+/// The AVX-512 VBMI2 implementation, or `None` when this CPU lacks it.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn unescape_avx512() -> Option<UnescapeFn> {
+    fn avx512(raw: &str, kind: TokenKind, out: &mut String) {
+        // SAFETY: this function is only handed out after `is_x86_feature_detected!` found
+        // every feature it needs.
+        unsafe { unescape_avx512_unchecked(raw, kind, out) }
+    }
+    (std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx512bw")
+        && std::is_x86_feature_detected!("avx512vl")
+        && std::is_x86_feature_detected!("avx512vbmi2")
+        && std::is_x86_feature_detected!("popcnt"))
+    .then_some(avx512 as UnescapeFn)
+}
+
 /// The AVX2 implementation, or `None` when this CPU lacks AVX2.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn unescape_avx2() -> Option<UnescapeFn> {
@@ -1032,6 +1188,9 @@ pub(crate) fn unescape_implementations() -> Vec<(&'static str, UnescapeFn)> {
         if let Some(avx2) = unescape_avx2() {
             all.push(("avx2", avx2));
         }
+        if let Some(avx512) = unescape_avx512() {
+            all.push(("avx512", avx512));
+        }
     }
     #[cfg(target_arch = "aarch64")]
     all.push(("neon", unescape_neon));
@@ -1045,7 +1204,9 @@ fn best() -> UnescapeFn {
     // Chosen without allocating: decoding allocates nothing, not even on first use.
     *BEST.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        return unescape_avx2().unwrap_or(unescape_sse2);
+        return unescape_avx512()
+            .or_else(unescape_avx2)
+            .unwrap_or(unescape_sse2);
         #[cfg(target_arch = "aarch64")]
         return unescape_neon;
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -1070,7 +1231,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn token_skips_stop_exactly_where_the_stop_tables_do() {
+    fn a_stop_window_stops_exactly_where_the_stop_tables_do() {
         use super::super::table::{KEY_STOP, MEASUREMENT_STOP};
         for (stop, with_equals) in [(&KEY_STOP, true), (&MEASUREMENT_STOP, false)] {
             let by_table = |buf: &[u8], mut i: usize| {
@@ -1080,16 +1241,46 @@ mod tests {
                 i
             };
             for byte in 0..=255u8 {
-                for len in [16, 17, 31, 32, 40] {
-                    for at in 0..len {
+                // Inputs shorter than a window, as long, and longer (the window moves on).
+                for len in [1, 15, 16, 17, 63, 64, 65, 100, 130] {
+                    for at in (0..len).step_by(if len > 70 { 7 } else { 1 }) {
                         let mut buf = vec![b'a'; len];
                         buf[at] = byte;
                         for from in 0..=at {
-                            let skipped = skip_token_bytes(&buf, from, with_equals);
-                            assert!(skipped <= by_table(&buf, from), "{byte} {at} {from}");
-                            assert_eq!(by_table(&buf, skipped), by_table(&buf, from));
+                            let mut window = StopWindow::new();
+                            assert_eq!(
+                                window.skip(&buf, from, with_equals),
+                                by_table(&buf, from),
+                                "byte {byte} at {at} of {len}, from {from}"
+                            );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_stop_window_ends_every_token_of_a_line_as_the_stop_tables_do() {
+        use super::super::table::{KEY_STOP, MEASUREMENT_STOP};
+        // Tokens of many lengths in a row, read with one window as the decoder does: each
+        // from just past the previous one's stop, with or without `=` as a stop.
+        let mut line = Vec::new();
+        for n in 0..40usize {
+            line.extend(std::iter::repeat_n(b'x', n % 23));
+            line.push([b' ', b',', b'=', b'\\', 0x7f, 0x80, b'\t'][n % 7]);
+        }
+        for (stop, with_equals) in [(&KEY_STOP, true), (&MEASUREMENT_STOP, false)] {
+            for first in 0..70 {
+                let mut window = StopWindow::new();
+                let mut i = first;
+                while i < line.len() {
+                    let mut expected = i;
+                    while expected < line.len() && !stop[usize::from(line[expected])] {
+                        expected += 1;
+                    }
+                    assert_eq!(window.skip(&line, i, with_equals), expected, "from {i}");
+                    i = expected + 1;
                 }
             }
         }

@@ -106,3 +106,14 @@ pub async fn pull(
 #[path = "../support/wait.rs"]
 mod wait;
 pub use wait::eventually;
+
+/// A NATS client that retries its first connection and reconnects every 100 ms, as a
+/// fleet member's publisher does (nodes of a test cluster are killed and restarted).
+pub async fn nats_client(url: &str) -> async_nats::Client {
+    async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .reconnect_delay_callback(|_| Duration::from_millis(100))
+        .connect(url)
+        .await
+        .expect("a NATS connection")
+}
