@@ -14,6 +14,7 @@ use anyhow::{Context as _, bail};
 /// The SDK's files, as they are in this repository.
 const SDK_LIB: &str = include_str!("../../../../guest/sdk/src/lib.rs");
 const SDK_PANIC: &str = include_str!("../../../../guest/sdk/src/panic.rs");
+const SDK_ALLOC: &str = include_str!("../../../../guest/sdk/src/alloc_classes.rs");
 const SDK_WIT: &str = include_str!("../../../../wit/fleet.wit");
 /// The guest workspace's lock file: the versions the SDK is tested with.
 const LOCK: &str = include_str!("../../../../guest/Cargo.lock");
@@ -121,6 +122,10 @@ fn files(name: &str, links_std: bool) -> Vec<(&'static Path, String)> {
         (
             Path::new("ccfleet-guest/src/panic.rs"),
             SDK_PANIC.to_owned(),
+        ),
+        (
+            Path::new("ccfleet-guest/src/alloc_classes.rs"),
+            SDK_ALLOC.to_owned(),
         ),
         (Path::new("ccfleet-guest/wit/fleet.wit"), SDK_WIT.to_owned()),
     ]
