@@ -62,5 +62,10 @@ scripts/build-guests.sh
 say "cargo test"
 cargo test --workspace --all-features --no-fail-fast
 
+# The guest SDK's allocator and the collectors' own unit tests, natively (the guest
+# workspace cannot be tested as a whole: its SDK features `rt` and `std` exclude each other).
+say "guest SDK and collector unit tests"
+(cd guest && cargo test -p ccfleet-guest -p ccfleet-collectors)
+
 say "fuzzing the codec (cargo-fuzz, 60 s per target, two at a time)"
 scripts/fuzz.sh 60
