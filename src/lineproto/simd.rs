@@ -396,11 +396,6 @@ mod x86 {
             // SAFETY: an `Avx512` value exists only on CPUs with AVX-512 BW and VL.
             unsafe { u64::from(_mm256_movepi8_mask(self.0)) }
         }
-
-        #[inline(always)]
-        fn eq3(self, a: u8, b: u8, c: u8) -> u64 {
-            self.eq(a) | self.eq(b) | self.eq(c)
-        }
     }
 }
 
