@@ -8,6 +8,8 @@
 //! measuring, the bench checks that the native code and the component produce the very same
 //! bytes for the same round.
 //!
+//! Both sides allocate with mimalloc, as the `ccfleet` binary does.
+//!
 //! Run with `cargo bench -p ccfleet-host --bench collectors`; the plugins are built from
 //! guest/ first, as in the tests. The fixtures are those of `tests/collectors.rs`; for the
 //! collectors that report deltas, the round's file is swapped between calls (outside the
@@ -15,6 +17,10 @@
 
 #[path = "../tests/support/guests.rs"]
 mod guests;
+
+/// The allocator of the `ccfleet` binary, so both sides allocate as the agent does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

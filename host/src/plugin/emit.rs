@@ -88,8 +88,29 @@ impl<'a> Value<&'a str> {
 /// Emit-path state: the limits of one batch and the writer, with its reusable encoder.
 pub(crate) struct Emitter {
     writer: Writer,
+    /// The lists of views a batch is read through, kept (empty) for the next batch: a
+    /// collector emits every round, and growing them afresh each time cost more than
+    /// encoding its few points.
+    views: Views,
     max_points: usize,
     pub(crate) sink: SinkHandle,
+}
+
+/// A batch's points, tags and fields as views into the plugin's memory; empty between
+/// batches.
+#[derive(Default)]
+struct Views {
+    points: Vec<PointView>,
+    tags: Vec<(WasmStr, WasmStr)>,
+    fields: Vec<(WasmStr, FieldView)>,
+}
+
+impl Views {
+    fn clear(&mut self) {
+        self.points.clear();
+        self.tags.clear();
+        self.fields.clear();
+    }
 }
 
 /// Encodes one batch under the byte limit.
@@ -182,6 +203,7 @@ impl Emitter {
                 encoder: Encoder::new(),
                 max_bytes,
             },
+            views: Views::default(),
             max_points,
             sink,
         }
@@ -228,22 +250,28 @@ impl Emitter {
 
     /// Encodes a batch straight from the plugin's memory: the whole batch or nothing.
     /// `Ok(Err(_))` is the message the plugin sees; `Err(_)` is a malformed call (text that
-    /// is not UTF-8), which traps.
+    /// is not UTF-8), which traps. Points without a time get `now_ns()`, read once, and only
+    /// when such a point comes (collectors stamp every point themselves).
     pub fn encode_from(
         store: &mut StoreContextMut<'_, HostState>,
         points: &WasmList<PointView>,
-        now_ns: i64,
+        now_ns: fn() -> i64,
     ) -> wasmtime::Result<Result<Vec<u8>, String>> {
         if let Err(reason) = store.data().emitter.check_count(points.len()) {
             return Ok(Err(reason));
         }
         // The texts borrow the plugin's memory while the writer, part of the store's
         // data, writes: it steps out of the store meanwhile.
-        let mut writer = std::mem::take(&mut store.data_mut().emitter.writer);
-        let outcome = encode_views(store, &mut writer, points, now_ns);
+        let emitter = &mut store.data_mut().emitter;
+        let mut writer = std::mem::take(&mut emitter.writer);
+        let mut views = std::mem::take(&mut emitter.views);
+        let outcome = encode_views(store, &mut writer, &mut views, points, now_ns);
         let outcome = outcome.map(|encoded| encoded.map(|()| writer.finish()));
         writer.encoder.clear();
-        store.data_mut().emitter.writer = writer;
+        views.clear();
+        let emitter = &mut store.data_mut().emitter;
+        emitter.writer = writer;
+        emitter.views = views;
         outcome
     }
 }
@@ -251,20 +279,26 @@ impl Emitter {
 fn encode_views(
     store: &mut StoreContextMut<'_, HostState>,
     writer: &mut Writer,
+    views: &mut Views,
     points: &WasmList<PointView>,
-    now_ns: i64,
+    now_ns: fn() -> i64,
 ) -> wasmtime::Result<Result<(), String>> {
     writer.encoder.clear();
+    let mut now = None;
     // First the points and their lists, as views (bounds-checked, no text read yet). Every
     // tag takes at least 4 bytes (`,k=v`), every field 3 (`k=1`): lists that cannot fit in
     // the batch, whatever they hold, are not even looked at.
-    let views = points
-        .iter(&mut *store)?
-        .collect::<wasmtime::Result<Vec<_>>>()?;
-    let mut tag_views = Vec::new();
-    let mut field_views = Vec::new();
+    views.clear();
+    for view in points.iter(&mut *store)? {
+        views.points.push(view?);
+    }
+    let Views {
+        points: views,
+        tags: tag_views,
+        fields: field_views,
+    } = views;
     let mut least = 0usize;
-    for view in &views {
+    for view in views.iter() {
         least = least
             .saturating_add(view.tags.len().saturating_mul(4))
             .saturating_add(view.fields.len().saturating_mul(3));
@@ -313,7 +347,10 @@ fn encode_views(
         if raw > room {
             return Ok(Err(writer.too_large()));
         }
-        let time = view.time_ns.unwrap_or(now_ns);
+        let time = match view.time_ns {
+            Some(time) => time,
+            None => *now.get_or_insert_with(now_ns),
+        };
         if let Err(reason) = writer.point(index, &measurement, &mut tags, &fields, time) {
             return Ok(Err(reason));
         }

@@ -26,6 +26,12 @@ pub struct Instance {
     store: Store<HostState>,
     bindings: FleetPlugin,
     timeout: Duration,
+    /// Whether a call may wait in the host (WASI's imports are async): only then does it
+    /// need a wall-clock timeout besides the CPU deadline. Without WASI every host function
+    /// is synchronous, so a call is suspended only at epoch ticks, where the deadline
+    /// callback ends it; a timer could not fire any sooner, and registering one for every
+    /// call was a measurable part of a collector's cost.
+    waits_in_host: bool,
     /// For the epoch ticker, which runs only while a call does.
     runtime: Runtime,
 }
@@ -44,7 +50,11 @@ macro_rules! guarded {
         let _running = inst.runtime.enter_call();
         let $guest = inst.bindings.cc_fleet_plugin();
         let $store = &mut inst.store;
-        let outcome = tokio::time::timeout(limit + TIMEOUT_GRACE, $body).await;
+        let outcome = if inst.waits_in_host {
+            tokio::time::timeout(limit + TIMEOUT_GRACE, $body).await
+        } else {
+            Ok($body.await)
+        };
         classify($call, limit, outcome)
     }};
 }
@@ -120,10 +130,12 @@ impl Instance {
                 });
             }
         };
+        let waits_in_host = store.data().wasi.is_some();
         let mut instance = Instance {
             store,
             bindings,
             timeout: limit,
+            waits_in_host,
             runtime: runtime.clone(),
         };
         let config = spec.config.to_string();

@@ -189,7 +189,7 @@ fn emit(
     // copies) must not end a batch the limit admits.
     let call_fuel = store.hostcall_fuel();
     store.set_hostcall_fuel(usize::MAX);
-    let encoded = Emitter::encode_from(&mut store, &points, ccfleet::wire::now_ns());
+    let encoded = Emitter::encode_from(&mut store, &points, ccfleet::wire::now_ns);
     store.set_hostcall_fuel(call_fuel);
     // Anything else than a refusal is a malformed call (bad UTF-8, an out-of-bounds list):
     // a trap.
