@@ -306,12 +306,12 @@ fn encode_views(
         views.points.push(view?);
     }
     let Views {
-        points: views,
+        points: point_views,
         tags: tag_views,
         fields: field_views,
     } = views;
     let mut least = 0usize;
-    for view in views.iter() {
+    for view in point_views.iter() {
         least = least
             .saturating_add(view.tags.len().saturating_mul(4))
             .saturating_add(view.fields.len().saturating_mul(3));
@@ -331,7 +331,7 @@ fn encode_views(
     let mut tags: Vec<(Cow<'_, str>, Cow<'_, str>)> = Vec::new();
     let mut fields: Vec<(Cow<'_, str>, Value<Cow<'_, str>>)> = Vec::new();
     let (mut tag_views, mut field_views) = (tag_views.iter(), field_views.iter());
-    for (index, view) in views.iter().enumerate() {
+    for (index, view) in point_views.iter().enumerate() {
         let room = writer.room();
         let measurement = view.measurement.to_str(memory)?;
         tags.clear();
