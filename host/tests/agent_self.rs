@@ -33,14 +33,6 @@ async fn fleet_server(dir: &Path) -> RunningServer {
         .expect("fleet server")
 }
 
-/// `/proc/self/status` of this process (the agent runs inside it), in bytes.
-fn status_bytes(key: &str) -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with(key)).unwrap();
-    let kib: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib * 1024.0
-}
-
 const NAMES: [&str; 17] = [
     "mem_rss",
     "mem_rss_peak",
@@ -109,7 +101,6 @@ async fn self_sends_the_agents_own_figures_beside_the_plugins_points() {
     .expect("three rounds of self figures reach the store");
     agent.shutdown().await.expect("clean shutdown");
     let after = stats.snapshot();
-    let peak_after = status_bytes("VmHWM:");
 
     let points = store.points();
     let mut by_time: BTreeMap<i64, BTreeMap<String, f64>> = BTreeMap::new();
@@ -152,9 +143,10 @@ async fn self_sends_the_agents_own_figures_beside_the_plugins_points() {
     for (time, round) in &by_time {
         let names: BTreeSet<&str> = round.keys().map(String::as_str).collect();
         assert_eq!(names, all, "every figure at {time}");
-        // Figures of this very process: within what it reports now.
+        // Figures of this very process, read at once: the parts within the whole. (The
+        // kernel folds the resident size into its high-water mark only now and then, so a
+        // peak read later by the test need not bound these.)
         assert!(round["mem_rss"] > 0.0 && round["mem_rss"] <= round["mem_rss_peak"]);
-        assert!(round["mem_rss_peak"] <= peak_after);
         assert!(round["mem_anon"] + round["mem_file"] <= round["mem_rss"] + 4096.0 * 64.0);
         assert!(round["num_goroutines"] >= 1.0);
         // Counters of the plugin: never beyond what it counts after shutdown.
