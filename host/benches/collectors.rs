@@ -325,6 +325,7 @@ impl<C: Collector> Native<C> {
         let value = match sample.value {
             Value::Float(v) => FieldRef::Float(v),
             Value::Int(v) => FieldRef::Int(v),
+            Value::Uint(v) => FieldRef::Uint(v),
         };
         enc.add_field("value", value).unwrap();
         enc.end_line(Some(now_ns)).unwrap();

@@ -78,6 +78,7 @@ fn point_with(sample: Sample, now_ns: i64, spare: Option<Vec<(String, FieldValue
     let value = match sample.value {
         Value::Float(v) => FieldValue::Float(v),
         Value::Int(v) => FieldValue::Int(v),
+        Value::Uint(v) => FieldValue::Uint(v),
     };
     Point {
         measurement: sample.name,
@@ -91,7 +92,7 @@ impl<C: Collector + FromOptions> ccfleet_guest::Plugin for CollectorPlugin<C> {
     fn init(config: &str) -> Result<Self, String> {
         let mut options = Options::parse(C::NAME, config)?;
         let shared = common(&mut options)?;
-        let collector = C::from_options(&mut options)?;
+        let collector = C::from_options(&mut options)?.with_common(&shared);
         options.finish()?;
         let mut runner = Runner::new(shared, collector);
         let hostname = runner.hostname(&mut HostFiles)?;

@@ -82,6 +82,11 @@ pub struct AgentConfig {
     /// `127.0.0.1:9102`; off when absent.
     #[serde(default)]
     pub metrics_addr: Option<String>,
+    /// The `self` collector: the agent's own figures sent as metrics beside the plugins'
+    /// (cc-metric-collector's `self` keys, plus `interval` and `read_agent_stats`); off when
+    /// absent.
+    #[serde(default, rename = "self")]
+    pub self_metrics: Option<super::self_metrics::SelfConfig>,
 }
 
 fn default_service_type() -> ServiceType {
@@ -117,6 +122,7 @@ impl fmt::Debug for AgentConfig {
             .field("plugins", &self.plugins)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("metrics_addr", &self.metrics_addr)
+            .field("self_metrics", &self.self_metrics)
             .finish()
     }
 }

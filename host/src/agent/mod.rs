@@ -5,6 +5,7 @@
 pub mod config;
 mod observe;
 mod rollout;
+pub mod self_metrics;
 pub mod sinks;
 
 use std::net::SocketAddr;
@@ -356,6 +357,22 @@ impl Agent {
                 None
             }
         };
+        if let Some(section) = &config.self_metrics {
+            let sources = self_metrics::Sources {
+                plugins: observed_plugins.clone(),
+                sinks: sink_info.clone(),
+                queue: sink_handle.clone(),
+            };
+            let cluster = (!cluster.is_empty()).then(|| cluster.clone());
+            // A forwarder: stopped before the metric flush, which waits for every sender.
+            forwarders.push(self_metrics::spawn(
+                section.clone(),
+                sources,
+                sink_handle.clone(),
+                client.hostname().to_owned(),
+                cluster,
+            ));
+        }
         drop(sink_handle);
 
         let observer = match listener {

@@ -53,6 +53,12 @@ pub struct Capabilities {
     /// fixtures holding `proc/stat`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_root: Option<PathBuf>,
+    /// The mount table and per-mount statistics (`/proc/self/mounts`, `mountinfo`,
+    /// `mountstats`, served by the agent itself) and `statvfs` of the mount points it
+    /// lists, for `diskstat` and `nfsiostat`; nothing else of the agent's process
+    /// ([`super::mounts`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mount_info: bool,
 }
 
 impl Capabilities {
@@ -226,6 +232,7 @@ mod tests {
             read_dirs: vec!["/var/lib/data".into()],
             read_files: vec!["/proc/loadavg".into()],
             files_root: None,
+            mount_info: false,
         };
         fine.validate().unwrap();
     }

@@ -256,7 +256,7 @@ impl Runtime {
     ) -> Result<Store<HostState>, HostError> {
         let limits = &spec.limits;
         let caps = &spec.capabilities;
-        let files = if caps.read_files.is_empty() {
+        let files = if caps.read_files.is_empty() && !caps.mount_info {
             FileGrants::none()
         } else {
             FileGrants::new(
@@ -269,6 +269,11 @@ impl Runtime {
                 reason,
             })?
             .with_secrets(self.inner.secrets.clone())
+        };
+        let files = if caps.mount_info {
+            files.with_mount_info()
+        } else {
+            files
         };
         let wasi = if spec.capabilities.wasi {
             let mut builder = WasiCtx::builder();

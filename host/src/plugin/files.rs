@@ -223,6 +223,8 @@ pub struct FileGrants {
     max_bytes: usize,
     secrets: Arc<[PathBuf]>,
     trees: Arc<Mutex<Trees>>,
+    /// `capabilities.mount-info`: see [`super::mounts`].
+    mounts: Option<super::mounts::MountInfo>,
 }
 
 /// Directory descriptors (`O_PATH`) of the file root and of its top-level directories
@@ -296,7 +298,17 @@ impl FileGrants {
             max_bytes,
             secrets: Arc::from(Vec::new()),
             trees: Arc::default(),
+            mounts: None,
         })
+    }
+
+    /// Adds the mount-info grant ([`super::mounts`]).
+    pub fn with_mount_info(mut self) -> FileGrants {
+        self.mounts = Some(super::mounts::MountInfo::new(
+            self.root.clone(),
+            self.max_bytes,
+        ));
+        self
     }
 
     /// Refuses `secrets` (host paths, files or directories) whatever the grant.
@@ -336,11 +348,17 @@ impl FileGrants {
             max_bytes: 0,
             secrets: Arc::from(Vec::new()),
             trees: Arc::default(),
+            mounts: None,
         }
     }
 
     /// Reads a whole granted file. The error is the message the plugin sees.
     pub fn read(&self, path: &str) -> Result<Vec<u8>, String> {
+        if let Some(mounts) = &self.mounts
+            && let Some(name) = super::mounts::MountInfo::served(path)
+        {
+            return mounts.read(path, name);
+        }
         let names = self.check(path, Kind::File)?;
         let (file, meta) = self.open(path, &names, Kind::File)?;
         // One read for a small file: /proc files report no size and /sys files a page, so
@@ -436,7 +454,8 @@ impl FileGrants {
         let granted = self.patterns.iter().any(|p| match kind {
             Kind::File | Kind::Either => p.matches(&names),
             Kind::Dir => p.leads_below(&names),
-        });
+        }) || (kind == Kind::Either
+            && self.mounts.as_ref().is_some_and(|m| m.is_mount_point(path)));
         if !granted {
             return Err(format!(
                 "{} is not granted to this plugin (capabilities.read-files)",

@@ -49,6 +49,7 @@ pub mod handle;
 pub mod instance;
 mod limits;
 pub mod logs;
+pub mod mounts;
 pub mod restart;
 pub mod sink;
 pub mod spec;
