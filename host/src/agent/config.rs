@@ -87,6 +87,10 @@ pub struct AgentConfig {
     /// absent.
     #[serde(default, rename = "self")]
     pub self_metrics: Option<super::self_metrics::SelfConfig>,
+    /// The router between plugins and sinks: cc-metric-collector's `router.json` content
+    /// (`process_messages`, `interval_aggregates`, ...); points pass untouched when absent.
+    #[serde(default)]
+    pub router: Option<super::router::RouterConfig>,
 }
 
 fn default_service_type() -> ServiceType {
@@ -169,6 +173,10 @@ impl AgentConfig {
             sink.resolve_paths(base);
         }
         super::sinks::effective(&config.sinks, &config.metrics, config.nats.is_some())?;
+        if let Some(router) = &config.router {
+            // Compiling is the check: every condition is parsed, every name resolved.
+            super::router::Router::new(router, "localhost").map_err(AgentError::Config)?;
+        }
         // Every relative path of the file means the same wherever the agent is started.
         if let Some(serde_json::Value::String(cache)) = config.fleet.get_mut("cache-path")
             && !cache.is_empty()

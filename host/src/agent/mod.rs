@@ -3,6 +3,7 @@
 //! plugins, whose metrics go to NATS (or stdout).
 
 pub mod config;
+pub mod router;
 mod observe;
 mod rollout;
 pub mod self_metrics;
@@ -303,6 +304,12 @@ impl Agent {
         }));
 
         let (sink_handle, batches) = sink::channel(SINK_CAPACITY);
+        // A router that changes nothing is left out, so batches pass undecoded.
+        let router = match &config.router {
+            Some(c) => Some(router::Router::new(c, client.hostname()).map_err(AgentError::Config)?)
+                .filter(router::Router::is_active),
+            None => None,
+        };
         let sink_configs = sinks::effective(&config.sinks, &config.metrics, nats.is_some())?;
         let sinks::Sinks {
             info: sink_info,
@@ -313,6 +320,7 @@ impl Agent {
             nats.as_ref(),
             &cluster,
             config.sinks.is_empty(),
+            router,
         )?;
 
         let plugins: Vec<PluginHandle> = config

@@ -37,6 +37,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::AgentError;
+use super::router::Router;
 use crate::sink::{Batch, BatchReceiver};
 
 /// Batches queued for one sink by default before new ones are dropped for it.
@@ -349,6 +350,7 @@ pub(crate) fn start(
     nats: Option<&async_nats::Client>,
     fleet_cluster: &str,
     legacy: bool,
+    router: Option<Router>,
 ) -> Result<Sinks, AgentError> {
     let mut info = Vec::new();
     let mut queues = Vec::new();
@@ -420,7 +422,10 @@ pub(crate) fn start(
         tasks.push(task);
     }
     let task = tokio::spawn(async move {
-        fan_out(batches, queues).await;
+        match router {
+            Some(router) => fan_out_routed(batches, queues, router).await,
+            None => fan_out(batches, queues).await,
+        }
         for task in tasks {
             let _ = task.await;
         }
@@ -431,16 +436,54 @@ pub(crate) fn start(
 /// Copies every batch into every sink's queue without waiting.
 async fn fan_out(mut batches: BatchReceiver, queues: Vec<Queue>) {
     while let Some(batch) = batches.recv().await {
-        for queue in &queues {
-            let points = batch.points;
-            match queue.tx.try_send(batch.clone()) {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    SinkCounters::add(&queue.counters.dropped_queue_full, points)
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    SinkCounters::add(&queue.counters.dropped_failed, points)
-                }
+        deliver(&queues, batch);
+    }
+}
+
+fn unix_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// [`fan_out`] with the router applied to each batch first; a timer ends the aggregates'
+/// intervals when no batch does.
+async fn fan_out_routed(mut batches: BatchReceiver, queues: Vec<Queue>, mut router: Router) {
+    let period = Duration::from_nanos(router.interval_ns().clamp(1_000_000, 1_000_000_000) as u64);
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let plugin: Arc<str> = Arc::from("router");
+    loop {
+        let (routed, from) = tokio::select! {
+            batch = batches.recv() => {
+                let Some(batch) = batch else { return };
+                (router.route(&batch.lines, unix_nanos()), batch.plugin)
+            }
+            _ = tick.tick() => (router.flush(unix_nanos()), plugin.clone()),
+        };
+        if routed.points > 0 {
+            deliver(
+                &queues,
+                Batch {
+                    plugin: from,
+                    lines: bytes::Bytes::from(routed.lines),
+                    points: routed.points,
+                },
+            );
+        }
+    }
+}
+
+fn deliver(queues: &[Queue], batch: Batch) {
+    for queue in queues {
+        let points = batch.points;
+        match queue.tx.try_send(batch.clone()) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                SinkCounters::add(&queue.counters.dropped_queue_full, points)
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                SinkCounters::add(&queue.counters.dropped_failed, points)
             }
         }
     }
