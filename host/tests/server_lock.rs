@@ -65,10 +65,10 @@ impl Server {
             .spawn()
             .expect("start ccfleet server");
         let stderr = child.stderr.take().unwrap();
-        let name = name.to_owned();
+        let shown = name.to_owned();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("server {name} | {line}");
+                eprintln!("server {shown} | {line}");
             }
         });
         let mut server = Server(child);

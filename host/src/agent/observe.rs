@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use ccfleet::client::{self, Client};
