@@ -103,7 +103,11 @@ impl Inner {
         {
             return Err(invalid("response holds a malformed instance id".into()));
         }
-        self.state().instance_id = Some(registration.instance_id.clone());
+        {
+            let mut state = self.state();
+            state.instance_id = Some(registration.instance_id.clone());
+            state.registered_at = Some(tokio::time::Instant::now());
+        }
         tracing::info!(
             service_type = %identity.service_type,
             scope = identity.scope.as_str(),

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use super::allowlist::Allowlist;
 use super::auth::{self, Verifier};
 use super::configtree::ConfigTree;
+use super::duplicates::{self, Duplicates};
 use super::error::{RegistryError, RegistryErrorKind};
 use super::health::Health;
 use super::metrics::Metrics;
@@ -41,6 +42,8 @@ pub(crate) struct AppState {
     pub roster: RosterNotify,
     pub health: Health,
     pub plugins: Option<Arc<PluginDir>>,
+    /// Members registered in turn from different peers (see [`Duplicates::is_duplicate`]).
+    pub duplicates: Arc<Duplicates>,
 }
 
 /// Builds the router.
@@ -243,6 +246,9 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    state
+        .metrics
+        .set_duplicate_members(state.duplicates.active() as u64);
     let text = state.metrics.render(&state.registry.counts());
     (
         [(
@@ -448,6 +454,13 @@ async fn register(
     scope: Scope,
     request: Request,
 ) -> Result<Response, ApiError> {
+    // Who registers: two services taking turns with one identity show as alternating peers.
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|&ConnectInfo(tcp)| {
+            duplicates::peer_of(&state.allowlist.client_ip(request.headers(), tcp), tcp)
+        });
     let body = read_body(request).await?;
     // Like Go's json.Decoder, only the first JSON value of the body counts.
     let parsed = serde_json::Deserializer::from_slice(&body)
@@ -475,6 +488,15 @@ async fn register(
             Untrusted(&registration.hostname)
         ),
     });
+    let member = peer.map(|peer| {
+        (
+            peer,
+            registration.scope,
+            registration.cluster.clone(),
+            registration.hostname.clone(),
+            registration.service_type,
+        )
+    });
     let registered = state
         .registry
         .register(registration)
@@ -482,6 +504,11 @@ async fn register(
         .map_err(|e| ApiError::internal("registering a service", e))?;
     if let Some(label) = label {
         tracing::info!("fleet: registered {label}");
+    }
+    if let Some((peer, scope, cluster, hostname, service_type)) = member {
+        state
+            .duplicates
+            .registered(scope, &cluster, &hostname, service_type, peer);
     }
     state.roster.notify();
     // What serde_json writes for a RegisterResponse (the id is 32 hex digits, nothing to

@@ -68,6 +68,11 @@ pub struct Metrics {
     /// Messages waiting in the heartbeat stream for the shared consumer, as of the latest
     /// delivery (a gauge).
     pub stream_pending: AtomicU64,
+    /// Duplicate episodes begun: members registered in turn from different peers (see
+    /// [`super::duplicates`]).
+    pub duplicate_episodes: AtomicU64,
+    /// Members in a duplicate episode now (a gauge, set before each rendering).
+    pub duplicate_members: AtomicU64,
 }
 
 /// A consistent-enough copy of the heartbeat counters.
@@ -132,6 +137,10 @@ impl Metrics {
             .get(subject)
             .copied()
             .unwrap_or(0)
+    }
+
+    pub(crate) fn set_duplicate_members(&self, n: u64) {
+        self.duplicate_members.store(n, Ordering::Relaxed);
     }
 
     pub(crate) fn set_roster_skipped(&self, n: u64) {
@@ -296,6 +305,17 @@ impl Metrics {
             get(&self.stream_terminated),
             get(&self.stream_pending),
         );
+        let _ = write!(
+            out,
+            "# HELP ccfleet_duplicate_episodes_total Duplicate identities found: a member registered in turn from different peers, two services sharing its cluster, host name and type.\n\
+             # TYPE ccfleet_duplicate_episodes_total counter\n\
+             ccfleet_duplicate_episodes_total {}\n\
+             # HELP ccfleet_duplicate_members Members whose registrations alternate between peers now.\n\
+             # TYPE ccfleet_duplicate_members gauge\n\
+             ccfleet_duplicate_members {}\n",
+            get(&self.duplicate_episodes),
+            get(&self.duplicate_members),
+        );
         out
     }
 }
@@ -338,6 +358,8 @@ mod tests {
         assert!(text.contains("ccfleet_message_panics_total{source=\"nats\"} 0\n"));
         assert!(text.contains("ccfleet_heartbeat_stream_failed_batches_total 0\n"));
         assert!(text.contains("ccfleet_heartbeat_stream_pending 0\n"));
+        assert!(text.contains("ccfleet_duplicate_episodes_total 0\n"));
+        assert!(text.contains("ccfleet_duplicate_members 0\n"));
         assert!(text.starts_with(&format!(
             "# HELP ccfleet_build_info The running ccfleet build (always 1).\n\
              # TYPE ccfleet_build_info gauge\n\

@@ -23,6 +23,7 @@ mod api;
 pub mod auth;
 pub mod config;
 pub mod configtree;
+pub mod duplicates;
 mod error;
 mod health;
 mod heartbeat_stream;
@@ -73,7 +74,10 @@ pub struct RunningServer {
     tree: Option<Arc<ConfigTree>>,
     registry: Registry,
     metrics: Arc<Metrics>,
+    duplicates: Arc<duplicates::Duplicates>,
     gate: leader::Gate,
+    /// Held while the server runs on a SQLite file: one server per file.
+    db_lock: Option<registry::DatabaseLock>,
 }
 
 impl std::fmt::Debug for RunningServer {
@@ -353,6 +357,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         ),
         None => None,
     };
+    let mut db_lock = None;
     let (registry, gate, last_seen_interval) = match (&config.registry, &nats) {
         (RegistryConfig::JetStreamKv(settings), Some(_)) => {
             let nats_config = config.nats.as_ref().expect("a nats section with a client");
@@ -396,10 +401,15 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         }
         (RegistryConfig::Sqlite, _) => {
             let db = config.db.clone();
-            if db.is_none() {
-                tracing::warn!(
+            match db.clone() {
+                // Before the file is opened: a second server must not even create tables.
+                Some(path) => {
+                    db_lock =
+                        Some(blocking(move || registry::DatabaseLock::acquire(&path)).await??);
+                }
+                None => tracing::warn!(
                     "fleet: no db configured; the registry lives in memory and is lost on restart"
-                );
+                ),
             }
             let registry = blocking(move || Registry::open(db.as_deref())).await??;
             (
@@ -514,6 +524,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         ));
     }
 
+    let duplicates = Arc::new(duplicates::Duplicates::new(metrics.clone()));
     let app = api::router(api::AppState {
         registry: registry.clone(),
         tree: tree.clone(),
@@ -523,6 +534,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         roster: roster_notify,
         health: health::Health::new(registry.clone(), nats.clone()),
         plugins,
+        duplicates: duplicates.clone(),
     });
     let app = http::harden(app, &config.http, metrics.clone());
     let http = tokio::spawn(http::serve(
@@ -555,7 +567,9 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         tree,
         registry,
         metrics,
+        duplicates,
         gate,
+        db_lock,
     })
 }
 
@@ -573,6 +587,11 @@ impl RunningServer {
     /// The registry (read access for tools, tests and benchmarks).
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// Members registered in turn from different peers: services sharing an identity.
+    pub fn duplicates(&self) -> &duplicates::Duplicates {
+        &self.duplicates
     }
 
     /// Whether this server publishes rosters and sweeps stale services now: always with a
@@ -639,6 +658,8 @@ impl RunningServer {
         if let Some(nats) = self.nats.take() {
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, nats.flush()).await;
         }
+        // Every write is done: another server may take the file now.
+        drop(self.db_lock.take());
         tracing::info!("fleet: server stopped");
         result
     }

@@ -78,8 +78,8 @@ pub struct AgentConfig {
     /// plugins do; what has not finished by then is abandoned.
     #[serde(default = "default_shutdown_timeout", with = "serde_go")]
     pub shutdown_timeout: Duration,
-    /// Where to serve `GET /metrics` (Prometheus text format) and `GET /healthz`, e.g.
-    /// `127.0.0.1:9102`; off when absent.
+    /// Where to serve `GET /metrics` (Prometheus text format), `GET /healthz` (alive) and
+    /// `GET /readyz` (ready), e.g. `127.0.0.1:9102`; off when absent.
     #[serde(default)]
     pub metrics_addr: Option<String>,
     /// The `self` collector: the agent's own figures sent as metrics beside the plugins'

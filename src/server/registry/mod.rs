@@ -22,6 +22,7 @@
 
 mod index;
 pub mod jetstream;
+pub mod lock;
 mod sqlite;
 mod sqlite_last_seen;
 
@@ -31,6 +32,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use super::error::{RegistryError, RegistryErrorKind};
+pub use lock::DatabaseLock;
 pub use sqlite::{JOURNAL_SIZE_LIMIT, SqliteStore};
 
 use crate::wire::{Scope, ServiceType};
