@@ -426,12 +426,14 @@ fn validate(scope: Scope, body: RegisterBody) -> Result<Registration, String> {
     if scope == Scope::Cluster {
         names::check_cluster(&cluster)?;
     }
+    let meta = body.meta_data.unwrap_or_default();
+    names::check_meta(meta.iter())?;
     Ok(Registration {
         scope,
         cluster,
         hostname,
         service_type,
-        meta: body.meta_data.unwrap_or_default(),
+        meta,
     })
 }
 

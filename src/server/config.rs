@@ -305,6 +305,25 @@ fn is_subject_prefix(prefix: &str) -> bool {
         })
 }
 
+/// Whether nats-server accepts `subject` in a subscription: non-empty tokens joined by `.`,
+/// without whitespace or control characters, where a wildcard is a whole token (`*`, or `>`
+/// as the last one), at most 1024 bytes.
+fn is_subscription_subject(subject: &str) -> bool {
+    let mut tokens = subject.split('.').peekable();
+    subject.len() <= 1024
+        && std::iter::from_fn(|| tokens.next().map(|t| (t, tokens.peek().is_none()))).all(
+            |(token, last)| {
+                !token.is_empty()
+                    && !token.chars().any(|c| c.is_whitespace() || c.is_control())
+                    && match token {
+                        "*" => true,
+                        ">" => last,
+                        _ => !token.contains(['*', '>']),
+                    }
+            },
+        )
+}
+
 impl ServerConfig {
     /// Parses the JSON configuration file text.
     ///
@@ -340,6 +359,15 @@ impl ServerConfig {
         {
             return Err(ServerError::InvalidConfig(
                 "fleet.discovery-subject-prefix must be NATS subject tokens joined by '.' (at most 1024 bytes, no empty token, wildcard, whitespace or control character)",
+            ));
+        }
+        // nats-server refuses such a subscription, which would end the server at start.
+        if let Some(subject) = f.heartbeat_subject.as_deref()
+            && !subject.is_empty()
+            && !is_subscription_subject(subject)
+        {
+            return Err(ServerError::InvalidConfig(
+                "fleet.heartbeat-subject must be a NATS subject: tokens joined by '.' (at most 1024 bytes, no empty token, whitespace or control character; '*' and a final '>' only as whole tokens)",
             ));
         }
         let heartbeat_stream = heartbeat_stream_config(
@@ -723,6 +751,44 @@ mod tests {
         );
         std::fs::create_dir(&missing).unwrap();
         assert!(c.warnings().is_empty());
+    }
+
+    #[test]
+    fn a_heartbeat_subject_nats_would_refuse_is_refused() {
+        for subject in [
+            "cc..event",
+            ".cc",
+            "cc.",
+            "c c.x",
+            "cc\\n",
+            "cc.>.x",
+            "cc.ev*",
+            "cc.>x",
+            "cc.a>",
+        ] {
+            let text = format!(r#"{{"fleet":{{"heartbeat-subject":"{subject}"}}}}"#);
+            let err = ServerConfig::from_json(&text).unwrap_err();
+            assert!(
+                err.to_string().contains("heartbeat-subject"),
+                "{subject:?}: {err}"
+            );
+        }
+        let long = format!(
+            r#"{{"fleet":{{"heartbeat-subject":"{}"}}}}"#,
+            "a".repeat(1025)
+        );
+        assert!(ServerConfig::from_json(&long).is_err());
+        for subject in [
+            "cc.fleet.event",
+            "cc.*.event",
+            "cc.fleet.>",
+            ">",
+            "site-1.hb_2",
+        ] {
+            let text = format!(r#"{{"fleet":{{"heartbeat-subject":"{subject}"}}}}"#);
+            let c = ServerConfig::from_json(&text).unwrap();
+            assert_eq!(c.fleet.heartbeat_subject.as_deref(), Some(subject));
+        }
     }
 
     #[test]

@@ -131,6 +131,23 @@ pub enum TreeError {
         #[source]
         source: serde_json::Error,
     },
+    /// A `.json` entry of the tree is not a regular file (a FIFO, a device, a socket), which
+    /// could block or never end a read.
+    #[error("fleet: config tree entry {path} is not a regular file")]
+    NotAFile {
+        /// The path of the entry.
+        path: PathBuf,
+    },
+    /// A layer is larger than [`MAX_LAYER_BYTES`](super::configtree::MAX_LAYER_BYTES).
+    #[error("fleet: config tree layer {path} has {size} bytes, more than the limit of {limit}")]
+    TooLarge {
+        /// The path of the layer.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// Files kept changing while the tree was scanned.
     #[error("fleet: config tree kept changing while it was scanned")]
     Unstable,
