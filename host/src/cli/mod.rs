@@ -44,7 +44,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the agent: join the fleet and run the configured plugins until SIGINT/SIGTERM.
     Agent(agent::Args),
-    /// A whole fleet on loopback (server, agent, plugins, NATS if found), narrated.
+    /// A whole fleet on loopback (server, agent, plugins, NATS: installed if missing), narrated.
     Demo(demo::Args),
     /// Decode line protocol (files or stdin) into one JSON object per point.
     Decode(decode::DecodeArgs),
