@@ -280,6 +280,8 @@ fn a_file_is_decoded_with_its_name_and_line_numbers_across_reads() {
 /// Runs `ccfleet decode FILE` with its output discarded; returns the child's peak resident
 /// memory in KiB (`ru_maxrss` of that child alone, from `wait4`).
 #[cfg(target_os = "linux")]
+// The child is reaped by `wait4` below, which also reports its peak memory.
+#[allow(clippy::zombie_processes)]
 fn decode_peak_kib(path: &std::path::Path) -> i64 {
     let child = Command::new(env!("CARGO_BIN_EXE_ccfleet"))
         .arg("decode")

@@ -86,7 +86,9 @@ fn plugin_dir(explicit: Option<PathBuf>, say: &Narrator) -> anyhow::Result<PathB
     };
     if let Some(dir) = explicit {
         if complete(&dir) {
-            return Ok(dir);
+            // The agent resolves plugin paths against its own directory, not ours.
+            return std::fs::canonicalize(&dir)
+                .with_context(|| format!("resolving {}", dir.display()));
         }
         bail!(
             "{} does not hold {} (build them with scripts/build-guests.sh)",

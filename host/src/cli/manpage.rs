@@ -302,7 +302,12 @@ fn agent_sections() -> String {
         "The sinks object names outputs; every point goes to every sink, each with its own bounded queue. The keys of one sink:",
     ));
     out.push_str(&key_table("### Metric sinks", "sinks.<name>."));
-    out.push_str(&tagged("EXIT STATUS", EXIT_STATUS));
+    let mut status = EXIT_STATUS.to_vec();
+    status.push((
+        "128 + N",
+        "A second signal (number N: 130 for SIGINT, 143 for SIGTERM) ended the shutdown before it finished; 1 when the shutdown overran shutdown-timeout.",
+    ));
+    out.push_str(&tagged("EXIT STATUS", &status));
     out.push_str(&tagged(
         "ENVIRONMENT",
         &[
