@@ -113,7 +113,9 @@ impl Inner {
             scope = identity.scope.as_str(),
             cluster = %identity.cluster,
             hostname = %identity.hostname,
-            config_revision = registration.config_revision,
+            // As a string, as every revision in the logs: a JSON number above 2^53 loses digits
+            // in most readers (jq).
+            config_revision = %registration.config_revision,
             server = %self.http.current_shown(),
             "fleet: registered with cc-backend"
         );

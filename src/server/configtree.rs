@@ -94,6 +94,29 @@ impl ConfigTree {
         }
     }
 
+    /// Every plugin a layer names by content: `(layer, plugin name, sha256)` for each entry
+    /// of a layer's `plugins` list that has a `sha256` string, in layer order. The
+    /// configuration check holds them against `fleet.plugin-dir`.
+    pub fn named_plugins(&self) -> Vec<(String, String, String)> {
+        let generation = self.snapshot();
+        let mut layers: Vec<(&String, &Arc<Map<String, Value>>)> =
+            generation.layers.iter().collect();
+        layers.sort_by(|a, b| a.0.cmp(b.0));
+        let mut named = Vec::new();
+        for (path, layer) in layers {
+            let Some(Value::Array(plugins)) = layer.get("plugins") else {
+                continue;
+            };
+            for entry in plugins {
+                if let Some(Value::String(sha256)) = entry.get("sha256") {
+                    let name = entry.get("name").and_then(Value::as_str).unwrap_or("");
+                    named.push((path.clone(), name.to_owned(), sha256.clone()));
+                }
+            }
+        }
+        named
+    }
+
     fn snapshot(&self) -> Arc<Generation> {
         self.current
             .read()

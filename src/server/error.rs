@@ -7,12 +7,17 @@ use std::path::PathBuf;
 /// Errors of starting, reconfiguring and stopping the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    /// The configuration file is not valid JSON or has unknown or mistyped keys.
+    /// The configuration file is not valid JSON or has unknown or mistyped keys; the error
+    /// names the key and the form it takes.
     #[error("server config: {0}")]
-    ConfigSyntax(#[source] serde_json::Error),
+    ConfigSyntax(#[source] crate::json_config::KeyError),
     /// The configuration is well-formed but not usable.
     #[error("server config: {0}")]
     InvalidConfig(&'static str),
+    /// A value is well-formed JSON of the right type but not usable (a duration that does
+    /// not parse, an `addr` without a port); the message names the key and the value.
+    #[error("server config: {0}")]
+    InvalidValue(String),
     /// An `api-allowed-ips` entry with a `/` that is not a CIDR range.
     #[error("server config: api-allowed-ips entry {0:?} is not a valid CIDR range")]
     InvalidAllowlist(String),

@@ -130,7 +130,8 @@ impl fmt::Debug for AgentConfig {
 impl AgentConfig {
     /// Parses a configuration; relative plugin paths are resolved against `base`.
     pub fn from_json(text: &str, base: &Path) -> Result<AgentConfig, AgentError> {
-        let mut config: AgentConfig = serde_json::from_str(text)
+        // A mistake names its key and the form the key takes (`ccfleet::json_config`).
+        let mut config: AgentConfig = ccfleet::json_config::from_str(text)
             .map_err(|e| AgentError::Config(format!("invalid agent configuration: {e}")))?;
         let mut names = std::collections::BTreeSet::new();
         for plugin in &mut config.plugins {

@@ -44,7 +44,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the agent: join the fleet and run the configured plugins until SIGINT/SIGTERM.
     Agent(agent::Args),
-    /// A whole fleet on loopback (server, agent, plugins, NATS if found), narrated.
+    /// A whole fleet on loopback (server, agent, plugins, NATS: installed if missing), narrated.
     Demo(demo::Args),
     /// Decode line protocol (files or stdin) into one JSON object per point.
     Decode(decode::DecodeArgs),
@@ -73,7 +73,7 @@ impl Command {
             // Their output is the point; a log line would only get in the way.
             Command::Completions(_) | Command::Manpage(_) | Command::Keygen(_) => "warn",
             // The report is the output: the agent's token warning would repeat it as a log
-            // line; the server's configuration parser logs the durations it replaced.
+            // line; the server's check logs what it meets on the way (an unreadable plugin file).
             Command::Agent(args) if args.checks_only() => "error",
             Command::Server(args) if args.checks_only() => "warn",
             _ => "info",
