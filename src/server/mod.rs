@@ -35,6 +35,7 @@ pub mod names;
 pub mod plugins;
 pub mod registry;
 pub mod roster;
+pub mod status;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -523,6 +524,11 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         roster: roster_notify,
         health: health::Health::new(registry.clone(), nats.clone()),
         plugins,
+        status: Arc::new(status::Status::new(
+            &fleet.discovery_subject_prefix,
+            fleet.stale_after,
+            TrustedProxies::new(&config.trusted_proxies)?,
+        )),
     });
     let app = http::harden(app, &config.http, metrics.clone());
     let http = tokio::spawn(http::serve(
