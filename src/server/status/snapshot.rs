@@ -75,7 +75,7 @@ impl DuplicateFlags {
 /// (a key given twice matches either value), an empty one matches everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filters {
-    /// Cluster names (`""` does not match: infra members have no cluster).
+    /// Cluster names (`""` matches the infra members, which have no cluster).
     pub clusters: Vec<String>,
     /// Service types.
     pub types: Vec<ServiceType>,
