@@ -310,6 +310,11 @@ async fn instances_are_listed_filtered_and_never_with_their_whole_id() {
         ["f0102"]
     );
     assert!(fleet.listed("?cluster=nowhere").await.is_empty());
+    assert_eq!(
+        hosts(fleet.listed("?cluster=").await),
+        ["mgmt"],
+        "infra has no cluster"
+    );
 
     let admin = fleet.token(&["admin"]);
     for (query, needle) in [
