@@ -228,6 +228,33 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Any header text is answered without a panic, and only the request's own origin
+        /// passes.
+        #[test]
+        fn arbitrary_headers_never_panic_and_only_the_own_origin_passes(
+            host in "\\PC{0,40}",
+            origin in "\\PC{0,60}",
+            referer in "\\PC{0,60}",
+            tls: bool,
+        ) {
+            let mut h = HeaderMap::new();
+            for (name, value) in [("host", &host), ("origin", &origin), ("referer", &referer)] {
+                if let Ok(v) = axum::http::HeaderValue::from_str(value) {
+                    h.insert(name, v);
+                }
+            }
+            if check_same_origin(&h, tls).is_ok() {
+                let scheme = if tls { "https" } else { "http" };
+                let claimed = h.get("origin").or(h.get("referer")).unwrap().to_str().unwrap();
+                proptest::prop_assert_eq!(
+                    origin_of(claimed),
+                    Some(normalize(scheme, h.get("host").unwrap().to_str().unwrap()))
+                );
+            }
+        }
+    }
+
     #[test]
     fn tls_is_believed_from_trusted_proxies_only() {
         let proxies = TrustedProxies::new(&["10.0.0.0/8".to_owned()]).unwrap();

@@ -241,6 +241,22 @@ mod tests {
         assert!(removal_cookie(false).starts_with("ccfleet_session=; Path=/fleet; Max-Age=0;"));
     }
 
+    proptest::proptest! {
+        /// Any cookie header is parsed without a panic; what is taken is a well-formed id.
+        #[test]
+        fn arbitrary_cookie_headers_never_panic(cookies in proptest::collection::vec("\\PC{0,80}", 0..4)) {
+            let mut headers = axum::http::HeaderMap::new();
+            for c in &cookies {
+                if let Ok(v) = axum::http::HeaderValue::from_str(c) {
+                    headers.append("cookie", v);
+                }
+            }
+            if let Some(id) = id_from_headers(&headers) {
+                proptest::prop_assert!(id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()));
+            }
+        }
+    }
+
     #[test]
     fn the_session_id_is_found_among_other_cookies() {
         let id = "0f".repeat(32);

@@ -382,6 +382,19 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Any query pairs are parsed or refused with a message, never a panic.
+        #[test]
+        fn arbitrary_filters_never_panic(p in proptest::collection::vec(("\\PC{0,12}", "\\PC{0,300}"), 0..6)) {
+            match Filters::parse(&p) {
+                Ok(f) => proptest::prop_assert!(
+                    f.clusters.len() + f.types.len() + f.states.len() + f.hostnames.len() == p.len()
+                ),
+                Err(e) => proptest::prop_assert!(e.len() < 400, "{}", e),
+            }
+        }
+    }
+
     #[test]
     fn deregistered_instances_are_gone_and_the_rest_is_ordered_and_filtered() {
         let all = vec![
