@@ -92,6 +92,21 @@ async fn two_clients_with_one_identity_are_reported_once_by_the_server_and_warne
         "node02",
         ServiceType::MetricCollector
     ));
+    // The status view marks the member's instance, and only it.
+    let listed: serde_json::Value = reqwest::get(format!("{base}/api/fleet/instances"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let marked: Vec<(&str, bool)> = listed["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["hostname"].as_str().unwrap(), i["duplicate"].as_bool().unwrap()))
+        .collect();
+    assert!(marked.contains(&("node01", true)), "{marked:?}");
+    assert!(marked.contains(&("node02", false)), "{marked:?}");
     let episodes = server.duplicates().episodes();
     assert_eq!(episodes.len(), 1, "{episodes:?}");
     let mut peers: Vec<String> = episodes[0]

@@ -1,4 +1,5 @@
-//! The HTTP surface: cc-backend's `/api/fleet/*` routes, `/healthz` and `/metrics`.
+//! The HTTP surface: cc-backend's `/api/fleet/*` routes, `/healthz` and `/metrics` (and
+//! the status view's routes, see [`super::status`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -44,6 +45,7 @@ pub(crate) struct AppState {
     pub plugins: Option<Arc<PluginDir>>,
     /// Members registered in turn from different peers (see [`Duplicates::is_duplicate`]).
     pub duplicates: Arc<Duplicates>,
+    pub status: Arc<super::status::Status>,
 }
 
 /// Builds the router.
@@ -64,6 +66,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/fleet/plugins/{sha256}", get(plugin))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .merge(super::status::routes())
         .fallback(not_found)
         .with_state(state)
 }
@@ -581,6 +584,7 @@ async fn config(
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
     let revision = resolved.revision.to_string();
+    state.status.served(&resolved);
     // cc-backend acknowledges before the conditional check: a 304 is a successful pull too.
     if resolved.revision != service.config_revision {
         state

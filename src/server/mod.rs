@@ -36,6 +36,7 @@ pub mod names;
 pub mod plugins;
 pub mod registry;
 pub mod roster;
+pub mod status;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -535,6 +536,11 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         health: health::Health::new(registry.clone(), nats.clone()),
         plugins,
         duplicates: duplicates.clone(),
+        status: Arc::new(status::Status::new(
+            &fleet.discovery_subject_prefix,
+            fleet.stale_after,
+            TrustedProxies::new(&config.trusted_proxies)?,
+        )),
     });
     let app = http::harden(app, &config.http, metrics.clone());
     let http = tokio::spawn(http::serve(

@@ -11,6 +11,7 @@ pub mod completions;
 pub mod decode;
 pub mod demo;
 pub mod discover;
+pub mod fleet;
 pub mod keygen;
 pub mod logging;
 pub mod manpage;
@@ -50,6 +51,8 @@ pub enum Command {
     Decode(decode::DecodeArgs),
     /// List the instances a service-discovery provider sees (once, or as they change).
     Discover(discover::Args),
+    /// Look at a fleet through its server (`fleet status`: instances, states, ages).
+    Fleet(fleet::Args),
     /// Tools for plugin components (componentize, check).
     Plugin(plugin::Args),
     /// Run a cc-backend-compatible fleet server.
@@ -97,6 +100,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Discover(args) => discover::run(args).await.map(ok),
+        Command::Fleet(args) => fleet::run(args).await.map(ok),
         Command::Plugin(args) => plugin::run(args).await,
         Command::Server(args) => server::run(args).await,
         Command::Keygen(args) => keygen::run(args),
