@@ -42,13 +42,13 @@ pub struct BatchLimits {
 }
 
 impl Default for BatchLimits {
-    /// A plugin's default limits: 10 000 points, 4 MiB, lines of 64 KiB, 64 tags and 1 024
+    /// A plugin's default limits: 10 000 points, 4 MiB, lines of 1 MiB, 64 tags and 1 024
     /// fields per point.
     fn default() -> Self {
         BatchLimits {
             max_points: 10_000,
             max_bytes: 4 << 20,
-            max_line_len: 64 << 10,
+            max_line_len: 1 << 20,
             max_tags: 64,
             max_fields: 1024,
         }

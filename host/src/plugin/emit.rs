@@ -525,6 +525,39 @@ mod tests {
     }
 
     #[test]
+    fn the_typed_path_keeps_the_tag_field_and_line_limits_of_emit_lines() {
+        let (sink, _rx) = crate::plugin::sink::channel(1);
+        let limits = BatchLimits {
+            max_tags: 1,
+            max_fields: 1,
+            max_line_len: 24,
+            ..BatchLimits::default()
+        };
+        let mut e = Emitter::new(sink, limits);
+        let two_tags = point("m", &[("a", "1"), ("b", "2")], 1.0);
+        assert_eq!(
+            e.encode(&[two_tags], 1).unwrap_err(),
+            "point 0: 2 tags exceed this plugin's limit of 1"
+        );
+        let mut two_fields = point("m", &[], 1.0);
+        two_fields.fields.push(("w".to_owned(), FieldValue::Int(2)));
+        assert_eq!(
+            e.encode(&[point("ok", &[], 1.0), two_fields], 1)
+                .unwrap_err(),
+            "point 1: 2 fields exceed this plugin's limit of 1"
+        );
+        let long = point("measurement_name_long", &[("a", "1")], 1.0);
+        assert_eq!(
+            e.encode(&[long], 1).unwrap_err(),
+            "point 0 (measurement_name_long): line of 35 bytes exceeds this plugin's limit of 24"
+        );
+        assert_eq!(
+            e.encode(&[point("m", &[("a", "1")], 1.0)], 1).unwrap(),
+            b"m,a=1 value=1 1\n"
+        );
+    }
+
+    #[test]
     fn limits_points_and_bytes() {
         let mut e = emitter(2, 1 << 20);
         let three = [

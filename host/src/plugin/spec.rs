@@ -163,7 +163,7 @@ impl Default for Limits {
             call_timeout: Duration::from_secs(1),
             max_points: 10_000,
             max_emit_bytes: 4 << 20,
-            max_line_bytes: 64 << 10,
+            max_line_bytes: 1 << 20,
             max_tags: 64,
             max_fields: 1024,
             max_file_bytes: 4 << 20,
