@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use wasmtime::Store;
 
 use super::bindings::FleetPlugin;
+use super::commands::CommandGrants;
 use super::engine::{LoadedPlugin, Runtime};
 use super::limits::MemoryLimitExceeded;
 use super::logs::{LogGate, MAX_ERROR_MESSAGE, cap};
@@ -32,6 +33,9 @@ pub struct Instance {
     /// callback ends it; a timer could not fire any sooner, and registering one for every
     /// call was a measurable part of a collector's cost.
     waits_in_host: bool,
+    /// How long one call may wait for granted commands besides its own time
+    /// ([`CommandGrants::call_budget`]), added to the wall-clock timeout.
+    commands_time: Duration,
     /// For the epoch ticker, which runs only while a call does.
     runtime: Runtime,
 }
@@ -46,12 +50,13 @@ macro_rules! guarded {
         let inst: &mut Instance = $inst;
         let limit = inst.timeout;
         inst.store.data_mut().deadline = Instant::now() + limit;
+        inst.store.data_mut().commands.new_call();
         inst.store.set_epoch_deadline(1);
         let _running = inst.runtime.enter_call();
         let $guest = inst.bindings.cc_fleet_plugin();
         let $store = &mut inst.store;
         let outcome = if inst.waits_in_host {
-            tokio::time::timeout(limit + TIMEOUT_GRACE, $body).await
+            tokio::time::timeout(limit + TIMEOUT_GRACE + inst.commands_time, $body).await
         } else {
             Ok($body.await)
         };
@@ -107,9 +112,11 @@ impl Instance {
         generation: u64,
         sink: SinkHandle,
         logs: LogGate,
+        commands: Arc<CommandGrants>,
     ) -> Result<Instance, Failure> {
+        let commands_time = commands.call_budget();
         let mut store = runtime
-            .new_store(spec, plugin, generation, sink, logs)
+            .new_store(spec, plugin, generation, sink, logs, commands)
             .map_err(|e| Failure::Setup(e.to_string()))?;
         let limit = spec.limits.call_timeout;
         store.data_mut().deadline = Instant::now() + limit;
@@ -136,6 +143,7 @@ impl Instance {
             bindings,
             timeout: limit,
             waits_in_host,
+            commands_time,
             runtime: runtime.clone(),
         };
         let config = spec.config.to_string();
@@ -184,6 +192,7 @@ impl LoadedPlugin {
         sink: SinkHandle,
     ) -> Result<Instance, Failure> {
         let logs = LogGate::new(&spec.limits);
+        let commands = CommandGrants::open(&spec.capabilities.run, Default::default());
         Instance::start(
             runtime,
             self,
@@ -192,6 +201,7 @@ impl LoadedPlugin {
             1,
             sink,
             logs,
+            Arc::new(commands),
         )
         .await
     }

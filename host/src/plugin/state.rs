@@ -18,6 +18,7 @@ use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, ResourceTable, WasmList, WasmStr};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::commands::StoreCommands;
 use super::emit::{Emitter, PointView};
 use super::events::{EventKind, EventSender, PluginEvent};
 use super::files::FileGrants;
@@ -44,6 +45,7 @@ pub(crate) struct HostState {
     pub events: EventSender,
     pub logs: LogGate,
     pub files: FileGrants,
+    pub commands: StoreCommands,
     /// When the current call must end; checked on every epoch tick.
     pub deadline: Instant,
     pub table: ResourceTable,
