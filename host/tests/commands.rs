@@ -493,3 +493,58 @@ async fn a_command_runs_as_its_granted_user() {
     assert_eq!(checks[0].error, None);
     assert_eq!(checks[0].warning, None, "the agent runs as root here");
 }
+
+#[test]
+fn check_config_reports_a_grant_that_cannot_run() {
+    let fx = Fixtures::new();
+    let config = serde_json::json!({
+        "fleet": {"url": "http://127.0.0.1:1", "token": "t"},
+        "plugins": [{
+            "name": "sensors",
+            "path": fx.path("sensors.wasm"),
+            "capabilities": {"run": {
+                "good": {"path": fx.path("report.sh")},
+                "gone": {"path": fx.path("no-such-tool")},
+                "stranger": {"path": fx.path("report.sh"), "user": "no-such-user-ccfleet"}
+            }}
+        }]
+    });
+    let path = fx.path("agent.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ccfleet"))
+        .args(["agent", "--check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let report = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains(&format!(
+            "error: plugin sensors: capabilities.run.gone: cannot open {}",
+            fx.path("no-such-tool").display()
+        )),
+        "{report}"
+    );
+    assert!(
+        report.contains(
+            "error: plugin sensors: capabilities.run.stranger: unknown user no-such-user-ccfleet"
+        ),
+        "{report}"
+    );
+    assert!(!report.contains("capabilities.run.good"), "{report}");
+
+    // A relative path is refused by the configuration parser itself.
+    let relative = serde_json::json!({
+        "fleet": {"url": "http://127.0.0.1:1", "token": "t"},
+        "plugins": [{"path": fx.path("x.wasm"), "capabilities": {"run": {"x": {"path": "report.sh"}}}}]
+    });
+    std::fs::write(&path, relative.to_string()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ccfleet"))
+        .args(["agent", "--check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let report = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(report.contains("must be an absolute path"), "{report}");
+}
