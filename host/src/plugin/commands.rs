@@ -1070,6 +1070,39 @@ mod tests {
         assert!(err.contains("unknown user"), "{err}");
     }
 
+    #[tokio::test]
+    async fn a_call_spends_at_most_the_sum_of_its_commands_timeouts() {
+        let grants: BTreeMap<String, RunGrant> = [
+            ("a".to_owned(), RunGrant::new("/bin/true")),
+            (
+                "b".to_owned(),
+                RunGrant {
+                    timeout: Duration::from_millis(300),
+                    ..RunGrant::new("/bin/true")
+                },
+            ),
+            // Unusable grants add nothing.
+            ("c".to_owned(), RunGrant::new("/no/such/tool")),
+        ]
+        .into();
+        let grants = std::sync::Arc::new(CommandGrants::open(&grants, Default::default()));
+        assert_eq!(
+            grants.call_budget(),
+            DEFAULT_TIMEOUT + Duration::from_millis(300)
+        );
+        let mut store = StoreCommands::new(grants.clone());
+        store.spent(Duration::from_secs(10));
+        let (_, left) = store.begin();
+        assert_eq!(left, Duration::ZERO);
+        let err = grants.run_within("a", Some(left)).await.unwrap_err();
+        assert_eq!(err.result, RunResult::Timeout);
+        assert!(err.message.contains("was not started"), "{}", err.message);
+        store.new_call();
+        assert_eq!(store.begin().1, grants.call_budget());
+        let out = grants.run_within("a", Some(store.begin().1)).await.unwrap();
+        assert_eq!(out.status, Some(0));
+    }
+
     #[test]
     fn counters_count_by_result() {
         let stats = CommandStats::default();
