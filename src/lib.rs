@@ -12,6 +12,9 @@
 //!   local, remote and fleet rosters.
 #![warn(missing_docs)]
 
+// `alloc` by name: the line-protocol encoder's files are shared with the no_std guest SDK.
+extern crate alloc;
+
 pub mod duration;
 pub mod lineproto;
 pub mod secret;

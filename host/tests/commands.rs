@@ -1,13 +1,23 @@
 //! Granted commands (`capabilities.run`): what runs, how, and what a hostile or broken
 //! command can do to the agent (nothing: each ends with a clear error, and the next run
-//! works). The stand-ins are the shell scripts of `tests/fixtures/commands/`.
+//! works); then end to end, a plugin built from `guest/plugins/run-command` running them
+//! through `cc:fleet/commands`, and the agent counting them in `/metrics`. The stand-ins are
+//! the shell scripts of `tests/fixtures/commands/`.
+
+#[path = "support/guests.rs"]
+mod guests;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ccfleet_host::agent::{Agent, AgentConfig};
+use ccfleet_host::events::EventKind;
 use ccfleet_host::plugin::commands::{self, CommandGrants, CommandStats, RunGrant, RunResult};
+use ccfleet_host::sink;
+use ccfleet_host::{FeedSenders, PluginEvent, PluginSpec, PluginState, Runtime, RuntimeOptions};
+use tokio::sync::broadcast;
 
 /// The stand-ins, copied to a directory every user may read (a command may run as
 /// `nobody`), which the tests may change.
@@ -198,7 +208,11 @@ async fn an_ungranted_name_runs_nothing() {
     for name in ["rm", "/bin/sh", "report ", "report\n-rf", ""] {
         let err = grants.run(name).await.unwrap_err();
         assert_eq!(err.result, RunResult::Refused, "{name:?}");
-        assert!(err.message.contains("no command named"), "{}", err.message);
+        assert!(
+            err.message.contains("is not granted to this plugin"),
+            "{}",
+            err.message
+        );
         assert!(
             !err.message.contains('\n'),
             "the plugin's name is escaped: {}",
@@ -547,4 +561,168 @@ fn check_config_reports_a_grant_that_cannot_run() {
     let report = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{report}");
     assert!(report.contains("must be an absolute path"), "{report}");
+}
+
+/// End to end: the `run-command` plugin (guest/plugins/run-command, built from source) runs
+/// the commands it is granted through `cc:fleet/commands`, and gets a clear error for the
+/// rest. Time in a command is not the plugin's own: a command running past the plugin's
+/// call timeout does not end the plugin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_runs_its_granted_commands_through_the_host() {
+    let fx = Fixtures::new();
+    let pid_file = fx.drop_box().join("hang.pid");
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = Runtime::new(RuntimeOptions {
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..RuntimeOptions::default()
+    })
+    .unwrap();
+    let mut spec = PluginSpec::new(guests::component("run-command"));
+    spec.config = serde_json::json!(["report", "failing", "hang", "rm"]);
+    spec.collect_interval = Some(Duration::from_millis(100));
+    spec.limits.call_timeout = Duration::from_millis(200);
+    spec.capabilities.run = BTreeMap::from([
+        ("report".to_owned(), grant(fx.path("report.sh"), &["one"])),
+        ("failing".to_owned(), grant(fx.path("report.sh"), &["fail"])),
+        (
+            "hang".to_owned(),
+            RunGrant {
+                timeout: Duration::from_millis(400),
+                ..grant(fx.path("hang.sh"), &[pid_file.to_str().unwrap()])
+            },
+        ),
+    ]);
+    let mut events = runtime.subscribe();
+    let (sink, mut batches) = sink::channel(16);
+    let feeds = FeedSenders::new();
+    let plugin = runtime.spawn(spec, feeds.subscribe(), sink);
+
+    for needle in [
+        "run report: status 0: arg one",
+        "run failing: status 3: arg fail",
+        "run hang: error command hang did not finish within 400ms (its timeout); it was killed",
+        "run rm: error command rm is not granted to this plugin (capabilities.run)",
+    ] {
+        wait_for_log(&mut events, needle).await;
+    }
+    let batch = tokio::time::timeout(Duration::from_secs(30), batches.recv())
+        .await
+        .expect("a batch")
+        .expect("the sink is open");
+    let lines = text(&batch.lines);
+    assert!(
+        lines.contains("command,name=report status=0i,stdout=\"arg one\n"),
+        "{lines}"
+    );
+    assert!(
+        lines.contains("command,name=failing status=3i,stdout=\"arg fail\n"),
+        "{lines}"
+    );
+    assert!(!lines.contains("name=hang"), "{lines}");
+    let pgid = pid_in(&pid_file).await;
+    eventually("the hanging command's group is gone", || {
+        live_members(pgid).is_empty()
+    })
+    .await;
+
+    let stats = plugin.stats().snapshot();
+    for result in [
+        RunResult::Ok,
+        RunResult::ExitNonzero,
+        RunResult::Timeout,
+        RunResult::Refused,
+    ] {
+        assert!(stats.commands.count(result) >= 1, "{result:?}: {stats:?}");
+    }
+    let status = plugin.status().borrow().clone();
+    assert_eq!(status.state, PluginState::Running, "{status:?}");
+    assert_eq!(
+        status.restarts, 0,
+        "a slow command ended the plugin: {status:?}"
+    );
+    plugin.stop().await;
+}
+
+async fn wait_for_log(events: &mut broadcast::Receiver<PluginEvent>, needle: &str) {
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match events.recv().await {
+                Ok(PluginEvent {
+                    kind: EventKind::Log { message, .. },
+                    ..
+                }) if message.contains(needle) => return,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("event channel closed"),
+            }
+        }
+    })
+    .await;
+    assert!(
+        found.is_ok(),
+        "timed out waiting for the log line {needle:?}"
+    );
+}
+
+/// The agent's `/metrics` counts a plugin's runs by result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_counts_runs_by_result_in_its_metrics() {
+    let fx = Fixtures::new();
+    let config = serde_json::json!({
+        "fleet": {"url": "http://127.0.0.1:1", "token": "t", "hostname": "node01"},
+        "plugin-cache-dir": fx.path("compiled"),
+        "metrics-addr": "127.0.0.1:0",
+        "plugins": [{
+            "name": "runner",
+            "path": guests::component("run-command"),
+            "config": ["report", "rm"],
+            "collect-interval": "100ms",
+            "capabilities": {"run": {"report": {"path": fx.path("report.sh")}}}
+        }]
+    });
+    let config = AgentConfig::from_json(&config.to_string(), fx.dir.path()).unwrap();
+    let agent = Agent::new(config)
+        .unwrap()
+        .start()
+        .await
+        .expect("the agent starts");
+    let addr = agent.metrics_addr().expect("a metrics listener");
+    let ok = "ccfleet_agent_plugin_command_runs_total{plugin=\"runner\",result=\"ok\"}";
+    let refused = "ccfleet_agent_plugin_command_runs_total{plugin=\"runner\",result=\"refused\"}";
+    let until = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let body = get_metrics(addr).await;
+        let counted = |series: &str| {
+            body.lines()
+                .find_map(|l| l.strip_prefix(series))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .is_some_and(|v| v >= 1.0)
+        };
+        if counted(ok) && counted(refused) {
+            break body;
+        }
+        assert!(Instant::now() < until, "the runs were not counted:\n{body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        body.contains(
+            "ccfleet_agent_plugin_command_runs_total{plugin=\"runner\",result=\"timeout\"} 0"
+        ),
+        "{body}"
+    );
+    agent.shutdown().await.unwrap();
+}
+
+/// `GET /metrics` over a real socket: the body.
+async fn get_metrics(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("a full response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
 }

@@ -669,7 +669,7 @@ impl CommandGrants {
                 return Err(RunError::new(
                     RunResult::Refused,
                     format!(
-                        "no command named {:?} is granted to this plugin (capabilities.run)",
+                        "command {} is not granted to this plugin (capabilities.run)",
                         Untrusted(name).capped(MAX_NAME + 16)
                     ),
                 ));

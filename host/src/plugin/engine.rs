@@ -15,7 +15,7 @@ use wasmtime::component::{ComponentType as _, Linker};
 use wasmtime::{Config, Engine, Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
-use super::bindings::FleetPluginPre;
+use super::bindings::PluginPre;
 use super::cache::{ComponentCache, content_hash};
 use super::commands::{CommandGrants, StoreCommands};
 use super::emit::Emitter;
@@ -87,7 +87,7 @@ struct Inner {
 /// A compiled, type-checked plugin, ready to be instantiated any number of times.
 #[derive(Clone)]
 pub struct LoadedPlugin {
-    pub(crate) pre: FleetPluginPre<HostState>,
+    pub(crate) pre: PluginPre,
     /// The SHA-256 of the component file, hex.
     pub hash: String,
     /// Whether the compiled code came from the on-disk cache.
@@ -242,7 +242,7 @@ impl Runtime {
             reason: format!("{e:#}"),
         };
         let pre = linker.instantiate_pre(&component).map_err(incompatible)?;
-        let pre = FleetPluginPre::new(pre).map_err(incompatible)?;
+        let pre = PluginPre::new(pre).map_err(incompatible)?;
         Ok(LoadedPlugin { pre, hash, cached })
     }
 
@@ -289,11 +289,7 @@ impl Runtime {
             plugin: plugin.clone(),
             generation,
             limiter: MemoryLimiter::new(limits.memory_bytes()),
-            emitter: Emitter::new(
-                sink,
-                limits.max_points as usize,
-                limits.max_emit_bytes as usize,
-            ),
+            emitter: Emitter::new(sink, limits.batch_limits()),
             events: self.inner.events.clone(),
             logs,
             files,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use wasmtime::Store;
 
-use super::bindings::FleetPlugin;
+use super::bindings::PluginBindings;
 use super::commands::CommandGrants;
 use super::engine::{LoadedPlugin, Runtime};
 use super::limits::MemoryLimitExceeded;
@@ -25,7 +25,7 @@ const TIMEOUT_GRACE: Duration = Duration::from_millis(250);
 /// A running instance of a plugin: its store and the bindings to its exports.
 pub struct Instance {
     store: Store<HostState>,
-    bindings: FleetPlugin,
+    bindings: PluginBindings,
     timeout: Duration,
     /// Whether a call may wait in the host (WASI's imports are async): only then does it
     /// need a wall-clock timeout besides the CPU deadline. Without WASI every host function
@@ -50,15 +50,29 @@ macro_rules! guarded {
         let inst: &mut Instance = $inst;
         let limit = inst.timeout;
         inst.store.data_mut().deadline = Instant::now() + limit;
+        inst.store.data().files.begin_call();
         inst.store.data_mut().commands.new_call();
         inst.store.set_epoch_deadline(1);
         let _running = inst.runtime.enter_call();
-        let $guest = inst.bindings.cc_fleet_plugin();
         let $store = &mut inst.store;
+        // The same call in whichever world the component targets (their `plugin`
+        // interfaces take the same Rust types).
+        let call = async {
+            match &inst.bindings {
+                PluginBindings::V03(bindings) => {
+                    let $guest = bindings.cc_fleet_plugin();
+                    $body.await
+                }
+                PluginBindings::V02(bindings) => {
+                    let $guest = bindings.cc_fleet_plugin();
+                    $body.await
+                }
+            }
+        };
         let outcome = if inst.waits_in_host {
-            tokio::time::timeout(limit + TIMEOUT_GRACE + inst.commands_time, $body).await
+            tokio::time::timeout(limit + TIMEOUT_GRACE + inst.commands_time, call).await
         } else {
-            Ok($body.await)
+            Ok(call.await)
         };
         classify($call, limit, outcome)
     }};
@@ -120,6 +134,7 @@ impl Instance {
             .map_err(|e| Failure::Setup(e.to_string()))?;
         let limit = spec.limits.call_timeout;
         store.data_mut().deadline = Instant::now() + limit;
+        store.data().files.begin_call();
         let running = runtime.enter_call();
         let outcome = tokio::time::timeout(
             limit + TIMEOUT_GRACE,

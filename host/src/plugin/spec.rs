@@ -94,7 +94,13 @@ impl PluginSpec {
             return fail("collect-interval must be positive".to_owned());
         }
         let l = &self.limits;
-        if l.memory_mb == 0 || l.max_points == 0 || l.max_emit_bytes == 0 || l.log_burst == 0 {
+        if l.memory_mb == 0
+            || l.max_points == 0
+            || l.max_emit_bytes == 0
+            || l.max_line_bytes == 0
+            || l.max_fields == 0
+            || l.log_burst == 0
+        {
             return fail("limits must be positive".to_owned());
         }
         if l.call_timeout.is_zero() {
@@ -123,9 +129,16 @@ pub struct Limits {
     pub call_timeout: Duration,
     /// The most points one `emit` call may carry.
     pub max_points: u32,
-    /// The most line-protocol bytes one `emit` call may produce; copying a batch to the host
-    /// may allocate twice this before the batch is refused.
+    /// The most line-protocol bytes one `emit` call may produce (for `emit-lines`: the bytes
+    /// the plugin hands over); copying a typed batch to the host may allocate twice this
+    /// before the batch is refused.
     pub max_emit_bytes: u32,
+    /// The most bytes of one emitted line (one point, without its newline).
+    pub max_line_bytes: u32,
+    /// The most tags of one emitted point.
+    pub max_tags: u32,
+    /// The most fields of one emitted point.
+    pub max_fields: u32,
     /// The most bytes one `cc:fleet/files` read returns.
     pub max_file_bytes: u32,
     /// Log lines (and logged call errors) a plugin may write per second on average; the
@@ -153,6 +166,9 @@ impl Default for Limits {
             call_timeout: Duration::from_secs(1),
             max_points: 10_000,
             max_emit_bytes: 4 << 20,
+            max_line_bytes: 64 << 10,
+            max_tags: 64,
+            max_fields: 1024,
             max_file_bytes: 4 << 20,
             log_lines_per_second: 20,
             log_burst: 200,
@@ -168,6 +184,17 @@ impl Limits {
     /// The memory limit in bytes.
     pub fn memory_bytes(&self) -> usize {
         (self.memory_mb as usize) << 20
+    }
+
+    /// What one emitted batch may hold.
+    pub fn batch_limits(&self) -> ccfleet::lineproto::BatchLimits {
+        ccfleet::lineproto::BatchLimits {
+            max_points: self.max_points as usize,
+            max_bytes: self.max_emit_bytes as usize,
+            max_line_len: self.max_line_bytes as usize,
+            max_tags: self.max_tags as usize,
+            max_fields: self.max_fields as usize,
+        }
     }
 }
 
