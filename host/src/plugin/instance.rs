@@ -118,6 +118,8 @@ fn failure_of(call: &'static str, limit: Duration, error: &wasmtime::Error) -> F
 
 impl Instance {
     /// Creates a store, instantiates the plugin from its `InstancePre` and calls `init`.
+    // Each argument is a separate piece of the plugin's state the supervisor keeps.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn start(
         runtime: &Runtime,
         loaded: &LoadedPlugin,
