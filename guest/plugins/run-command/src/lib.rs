@@ -33,7 +33,11 @@ fn names(config: &str) -> Result<Vec<String>, String> {
         None => config,
     };
     let mut names = Vec::new();
-    for item in list.split(',').map(str::trim).filter(|item| !item.is_empty()) {
+    for item in list
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
         let name = item
             .strip_prefix('"')
             .and_then(|rest| rest.strip_suffix('"'))
