@@ -27,8 +27,9 @@
 //!   and refuses to run unless it leads to the same file (device and inode, which the kept
 //!   descriptor stops from being reused); the run then executes the kept descriptor itself
 //!   (`/proc/self/fd/N`), so the file checked is the file run. A replaced executable (a
-//!   package upgrade, a link pointed elsewhere) is refused until the plugin is started
-//!   again.
+//!   package upgrade, a link pointed elsewhere) is refused until the plugin is loaded
+//!   again (the agent restarts, or a new version of its component arrives). The process'
+//!   short name (`comm`) is therefore the descriptor's number; its `argv[0]` is the path.
 //!
 //! A grant that cannot be used at start-up (a missing file, an unknown user) does not stop
 //! the plugin: each run of it returns the start-up error, and `--check-config` reports it.
@@ -503,7 +504,7 @@ impl Prepared {
         {
             return Err(format!(
                 "{path} is no longer the file checked when the plugin started (it was replaced \
-                 or a link on the way now points elsewhere); restart the plugin to grant the \
+                 or a link on the way now points elsewhere); restart the agent to grant the \
                  new file"
             ));
         }
