@@ -578,12 +578,13 @@ async fn a_plugin_runs_its_granted_commands_through_the_host() {
     })
     .unwrap();
     let mut spec = PluginSpec::new(guests::component("run-command"));
-    spec.config = serde_json::json!(["report", "failing", "hang", "rm"]);
+    spec.config = serde_json::json!(["report", "failing", "hang", "flood", "rm"]);
     spec.collect_interval = Some(Duration::from_millis(100));
     spec.limits.call_timeout = Duration::from_millis(200);
     spec.capabilities.run = BTreeMap::from([
         ("report".to_owned(), grant(fx.path("report.sh"), &["one"])),
         ("failing".to_owned(), grant(fx.path("report.sh"), &["fail"])),
+        ("flood".to_owned(), grant(fx.path("flood.sh"), &[])),
         (
             "hang".to_owned(),
             RunGrant {
@@ -601,6 +602,7 @@ async fn a_plugin_runs_its_granted_commands_through_the_host() {
         "run report: status 0: arg one",
         "run failing: status 3: arg fail",
         "run hang: error command hang did not finish within 400ms (its timeout); it was killed",
+        "run flood: error command flood wrote more than its 1048576 bytes of output",
         "run rm: error command rm is not granted to this plugin (capabilities.run)",
     ] {
         wait_for_log(&mut events, needle).await;
@@ -630,6 +632,7 @@ async fn a_plugin_runs_its_granted_commands_through_the_host() {
         RunResult::Ok,
         RunResult::ExitNonzero,
         RunResult::Timeout,
+        RunResult::OutputCap,
         RunResult::Refused,
     ] {
         assert!(stats.commands.count(result) >= 1, "{result:?}: {stats:?}");
