@@ -3,7 +3,8 @@
 //! [`super::health`]).
 //!
 //! Everything shown is about this agent's own work: plugin states, restarts, quarantines,
-//! calls and their latency, points emitted and dropped, the metric output, the fleet and NATS
+//! calls and their latency, points emitted and dropped, granted commands run, the metric
+//! output, the fleet and NATS
 //! connections, the fleet server in use and the configuration revision. Nothing secret is
 //! shown: no instance id, no token, no NATS address or credentials, fleet server URLs only
 //! without their user information; plugin names come from the agent's own configuration and
@@ -24,6 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::sinks::{SinkCounters, SinkInfo};
+use crate::plugin::commands::RunResult;
 use crate::plugin::stats::{CALLS, LATENCY_BUCKETS};
 use crate::plugin::{PluginState, PluginStats, PluginStatus};
 
@@ -296,6 +298,39 @@ impl Observed {
                     snap.seconds
                 );
             }
+        }
+
+        header(
+            &mut out,
+            "ccfleet_agent_plugin_command_runs_total",
+            "counter",
+            "Granted commands the plugin asked to run, by result: ok (exit status 0), \
+             exit_nonzero (another status or a signal; the output went to the plugin), timeout \
+             and output_cap (killed), failed (could not be run: unusable since start-up, \
+             replaced, or the start failed), refused (a name not granted).",
+        );
+        for (i, (name, _)) in statuses.iter().enumerate() {
+            for result in RunResult::ALL {
+                let _ = writeln!(
+                    out,
+                    "ccfleet_agent_plugin_command_runs_total{{plugin=\"{name}\",result=\"{}\"}} {}",
+                    result.as_str(),
+                    stats[i].commands.count(result)
+                );
+            }
+        }
+        header(
+            &mut out,
+            "ccfleet_agent_plugin_command_seconds_total",
+            "counter",
+            "Time the plugin's granted commands ran.",
+        );
+        for (i, (name, _)) in statuses.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "ccfleet_agent_plugin_command_seconds_total{{plugin=\"{name}\"}} {}",
+                stats[i].commands.seconds
+            );
         }
 
         self.render_sinks(&mut out);

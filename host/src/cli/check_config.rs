@@ -366,6 +366,15 @@ async fn check_plugins(config: &AgentConfig, report: &mut Report) {
     };
     for spec in &config.plugins {
         let name = spec.display_name();
+        // The same checks the plugin's start makes: file, mode, user.
+        for grant in ccfleet_host::plugin::commands::check(&spec.capabilities.run) {
+            let what = format!("plugin {name}: capabilities.run.{}", grant.name);
+            match (grant.error, grant.warning) {
+                (Some(error), _) => report.errors.push(format!("{what}: {error}")),
+                (None, Some(warning)) => report.warnings.push(format!("{what}: {warning}")),
+                (None, None) => {}
+            }
+        }
         if !spec.path.is_file() {
             report.errors.push(format!(
                 "plugin {name}: {} does not exist",

@@ -17,6 +17,7 @@ use wasmtime_wasi::WasiCtx;
 
 use super::bindings::PluginPre;
 use super::cache::{ComponentCache, content_hash};
+use super::commands::{CommandGrants, StoreCommands};
 use super::emit::Emitter;
 use super::events::{EventSender, PluginEvent};
 use super::files::FileGrants;
@@ -253,6 +254,7 @@ impl Runtime {
         generation: u64,
         sink: SinkHandle,
         logs: LogGate,
+        commands: Arc<CommandGrants>,
     ) -> Result<Store<HostState>, HostError> {
         let limits = &spec.limits;
         let caps = &spec.capabilities;
@@ -296,6 +298,7 @@ impl Runtime {
             events: self.inner.events.clone(),
             logs,
             files,
+            commands: StoreCommands::new(commands),
             deadline: Instant::now() + limits.call_timeout,
             table: wasmtime::component::ResourceTable::new(),
             wasi,

@@ -7,7 +7,10 @@
 //!   "config": {"cluster": "fritz"},
 //!   "collect-interval": "10s",
 //!   "limits": {"memory-mb": 32, "call-timeout": "500ms"},
-//!   "capabilities": {"read-files": ["/proc/loadavg", "/proc/sys/kernel/hostname"]}
+//!   "capabilities": {
+//!     "read-files": ["/proc/loadavg", "/proc/sys/kernel/hostname"],
+//!     "run": {"sensors": {"path": "/usr/bin/ipmitool", "args": ["sensor"], "timeout": "3s"}}
+//!   }
 //! }
 //! ```
 
@@ -245,6 +248,30 @@ mod tests {
             serde_json::from_str(r#"{"path":"p","capabilities":{"read-dirs":["/data"]}}"#).unwrap();
         let err = spec.validate().unwrap_err().to_string();
         assert!(err.contains("needs capabilities.wasi"), "{err}");
+    }
+
+    #[test]
+    fn granted_commands_parse_and_a_relative_one_is_refused() {
+        let spec: PluginSpec = serde_json::from_str(
+            r#"{"path":"p.wasm","capabilities":{"run":{
+                "sensors":{"path":"/usr/bin/ipmitool","args":["sensor"],"user":"nobody",
+                           "timeout":"2s","max-output-bytes":65536}}}}"#,
+        )
+        .unwrap();
+        spec.validate().unwrap();
+        let sensors = &spec.capabilities.run["sensors"];
+        assert_eq!(sensors.args, ["sensor"]);
+        assert_eq!(sensors.timeout, Duration::from_secs(2));
+        assert_eq!(sensors.max_output_bytes, 65536);
+        let spec: PluginSpec = serde_json::from_str(
+            r#"{"path":"p.wasm","capabilities":{"run":{"x":{"path":"ipmitool"}}}}"#,
+        )
+        .unwrap();
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("capabilities.run.x: path ipmitool must be an absolute path"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ use wasmtime::component::{Linker, ResourceTable, WasmList, WasmStr};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::cc::fleet::commands::Output as CommandOutput;
+use super::commands::{RunError, RunResult, StoreCommands};
 use super::emit::{Emitter, PointView};
 use super::events::{EventKind, EventSender, PluginEvent};
 use super::files::FileGrants;
@@ -52,6 +53,7 @@ pub(crate) struct HostState {
     pub events: EventSender,
     pub logs: LogGate,
     pub files: FileGrants,
+    pub commands: StoreCommands,
     /// When the current call must end; checked on every epoch tick.
     pub deadline: Instant,
     pub table: ResourceTable,
@@ -94,14 +96,20 @@ impl HostState {
         self.event(EventKind::Log { level, message });
     }
 
-    /// Runs the command this plugin's configuration grants as `name` (`cc:fleet/commands`).
-    /// No plugin is granted commands yet (`capabilities.run` is not read), so every name is
-    /// refused, as it is for a plugin whose configuration grants none.
-    pub fn run_granted(&mut self, name: &str) -> Result<CommandOutput, String> {
-        Err(format!(
-            "command {} is not granted to this plugin (capabilities.run)",
-            Untrusted(name).capped(64)
-        ))
+    /// Reports a granted command that gave no output, within the plugin's log budget: the
+    /// plugin gets the message as its error, but an operator learns of a hanging tool or a
+    /// replaced executable without the plugin's help.
+    fn command_failed(&self, error: &RunError) {
+        let admission = self.logs.admit();
+        self.report_dropped(admission.report_dropped);
+        if admission.admit {
+            tracing::warn!(
+                plugin = &*self.plugin,
+                result = error.result.as_str(),
+                "granted command failed: {}",
+                Untrusted(&error.message)
+            );
+        }
     }
 
     /// Hands an encoded batch of `points` points to the sink.
@@ -151,23 +159,56 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
         },
     )?;
     let mut commands = linker.instance(&format!("cc:fleet/commands@{WIT_VERSION}"))?;
-    commands.func_wrap(
+    commands.func_wrap_async(
         "run",
-        |mut store: StoreContextMut<'_, HostState>, (name,): (WasmStr,)| {
-            // A name is short: a longer one is no grant, and is not copied.
-            let name = match name.to_str(&store) {
-                Ok(name) if name.len() > MAX_COMMAND_NAME => Err("the command name is too long"),
-                Ok(name) => Ok(name.into_owned()),
-                Err(_) => Err("the command name is not valid UTF-8"),
-            };
-            let result = match name {
-                Ok(name) => store.data_mut().run_granted(&name),
-                Err(reason) => Err(reason.to_owned()),
-            };
-            Ok((result,))
+        |store: StoreContextMut<'_, HostState>, (name,): (WasmStr,)| {
+            Box::new(run_command(store, name))
         },
     )?;
     Ok(())
+}
+
+/// `commands.run`: the call's fiber is suspended while the command runs, so no runtime
+/// worker waits for it. The time it took is charged to the call's command time and not to
+/// its CPU deadline, which moves on by as much (see [`StoreCommands`]).
+async fn run_command(
+    mut store: StoreContextMut<'_, HostState>,
+    name: WasmStr,
+) -> wasmtime::Result<(Result<CommandOutput, String>,)> {
+    let (grants, left) = store.data().commands.begin();
+    // A name is short: a longer one is no grant, and is not copied.
+    let name = match name.to_str(&store) {
+        Ok(name) if name.len() > MAX_COMMAND_NAME => Err("the command name is too long"),
+        Ok(name) => Ok(name.into_owned()),
+        Err(_) => Err("the command name is not valid UTF-8"),
+    };
+    let name = match name {
+        Ok(name) => name,
+        Err(reason) => {
+            grants
+                .stats()
+                .record(RunResult::Refused, std::time::Duration::ZERO);
+            return Ok((Err(reason.to_owned()),));
+        }
+    };
+    let begun = Instant::now();
+    let result = grants.run_within(&name, Some(left)).await;
+    let took = begun.elapsed();
+    let state = store.data_mut();
+    state.commands.spent(took);
+    state.deadline += took;
+    let result = match result {
+        Ok(output) => Ok(CommandOutput {
+            status: output.status,
+            stdout: output.stdout,
+            stderr: output.stderr,
+        }),
+        Err(error) => {
+            state.command_failed(&error);
+            Err(error.message)
+        }
+    };
+    Ok((result,))
 }
 
 /// Links what both worlds have, under `version`.
