@@ -106,3 +106,47 @@ async fn an_unknown_instance_is_answered_503_while_the_bucket_cannot_be_caught_u
     assert_eq!(pull(&http, &server, elsewhere, None).await.status(), 404);
     assert_eq!(deregister(&http, &server, elsewhere).await, 204);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_started_while_jetstream_has_no_majority_waits_for_its_heartbeat_stream() {
+    let mut cluster = nats::NatsCluster::start();
+    let js = async_nats::jetstream::new(nats_client(&cluster.url(0)).await);
+    eventually("JetStream to answer", Duration::from_secs(30), || async {
+        js.query_account().await.is_ok()
+    })
+    .await;
+    // Two of three nodes down: JetStream has no majority, so its API times out or answers
+    // 503 until they are back.
+    cluster.nodes[1].kill();
+    cluster.nodes[2].kill();
+    let config = ccfleet::server::ServerConfig::from_json(
+        &json!({
+            "addr": "127.0.0.1:0",
+            "disable-authentication": true,
+            "nats": {"address": cluster.url(0)},
+            "fleet": {
+                "heartbeat-subject": "cc.fleet.event",
+                "heartbeat-stream": {"replicas": 3},
+            },
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let starting = tokio::spawn(ccfleet::server::start(config));
+    // Longer than one JetStream request waits for its answer.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert!(
+        !starting.is_finished(),
+        "start-up ended while JetStream was unavailable: {:?}",
+        starting.await.unwrap().err()
+    );
+    tokio::task::block_in_place(|| {
+        cluster.nodes[1].restart();
+        cluster.nodes[2].restart();
+    });
+    let server = starting
+        .await
+        .unwrap()
+        .expect("start-up waits for JetStream instead of failing");
+    server.shutdown().await.unwrap();
+}

@@ -174,9 +174,9 @@ async fn ensure(
             use jetstream::context::CreateStreamErrorKind as Kind;
             let error = failed(format!("creating stream {:?}", settings.name), &e);
             match e.kind() {
-                Kind::TimedOut | Kind::JetStreamUnavailable | Kind::Response => {
-                    Ensure::Transient(error)
-                }
+                // No responders (`JetStreamUnavailable`) means JetStream is not enabled on
+                // the server: no reason to wait. A cluster electing its leaders answers 503.
+                Kind::TimedOut | Kind::Response => Ensure::Transient(error),
                 Kind::JetStream(api) if transient_api_error(&api) => Ensure::Transient(error),
                 _ => Ensure::Refused(error),
             }
