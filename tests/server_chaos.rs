@@ -533,15 +533,14 @@ async fn client(
                         format!("{op:?} of {at}"),
                     )
                 }
-                (Op::Pull, Answer::Status(200, body)) => {
+                (Op::Pull, Answer::Status(200, body))
                     if serde_json::from_str::<serde_json::Value>(body).ok()
-                        != Some(host_config(&host))
-                    {
-                        history.violations.add(
-                            "an instance id served another member's configuration",
-                            format!("{at}: {body}"),
-                        );
-                    }
+                        != Some(host_config(&host)) =>
+                {
+                    history.violations.add(
+                        "an instance id served another member's configuration",
+                        format!("{at}: {body}"),
+                    );
                 }
                 _ => {}
             }
