@@ -137,6 +137,11 @@ pub(crate) enum ApiError {
     PayloadTooLarge,
     /// 400: the body could not be read (it stalled or broke off).
     BodyUnreadable,
+    /// 503 with `Retry-After`: the request names an instance this server does not know and
+    /// it cannot tell whether another server sharing the registry registered it a moment
+    /// ago. Never answered 404 (an agent would re-register and lose its identity) nor
+    /// 204 (nothing was deregistered).
+    Undecided,
     /// 500: a failure of the server itself.
     Internal {
         /// What the server was doing.
@@ -153,7 +158,22 @@ impl ApiError {
             source: Box::new(e),
         }
     }
+
+    /// A registry failure: [`ApiError::Undecided`] when the registry could not tell whether
+    /// the instance exists, else an internal error.
+    fn registry(context: &'static str, e: RegistryError) -> Self {
+        if e.kind() == RegistryErrorKind::Behind {
+            ApiError::Undecided
+        } else {
+            ApiError::internal(context, e)
+        }
+    }
 }
+
+/// Seconds an undecided request's client is asked to wait before it retries: about how
+/// long a shared registry's watch needs to deliver a registration made through another
+/// server once the bucket answers again.
+const UNDECIDED_RETRY_AFTER: &str = "1";
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -174,6 +194,19 @@ impl IntoResponse for ApiError {
             )),
             ApiError::BodyUnreadable => {
                 closing(error(StatusCode::BAD_REQUEST, "cannot read request body"))
+            }
+            ApiError::Undecided => {
+                tracing::debug!("fleet: answered 503: the shared registry is not caught up");
+                let mut response = error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "cannot tell whether the instance exists yet: the shared registry is \
+                     catching up; retry",
+                );
+                response.headers_mut().insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from_static(UNDECIDED_RETRY_AFTER),
+                );
+                response
             }
             ApiError::Internal { context, source } => {
                 // The registry logs the first failure of a burst of failed writes itself
@@ -539,7 +572,7 @@ async fn heartbeat(
         .registry
         .heartbeat(&id)
         .await
-        .map_err(|e| ApiError::internal("applying a heartbeat", e))?
+        .map_err(|e| ApiError::registry("applying a heartbeat", e))?
         .ok_or(ApiError::UnknownInstance)?;
     Metrics::add(&state.metrics.rest_heartbeats, 1);
     if activated {
@@ -570,6 +603,7 @@ async fn config(
         .registry
         .lookup_fresh(&id)
         .await
+        .map_err(|e| ApiError::registry("looking up an instance", e))?
         .filter(|s| s.state != super::registry::State::Deregistered)
         .ok_or(ApiError::UnknownInstance)?;
     let resolved = state.tree.as_ref().and_then(|tree| {
@@ -690,7 +724,7 @@ async fn deregister(
         .registry
         .deregister(&id)
         .await
-        .map_err(|e| ApiError::internal("deregistering a service", e))?;
+        .map_err(|e| ApiError::registry("deregistering a service", e))?;
     if changed {
         tracing::info!("fleet: deregistered an instance");
         state.roster.notify();
@@ -721,6 +755,22 @@ mod tests {
                 String::from_utf8(expected).unwrap()
             );
         }
+    }
+
+    #[test]
+    fn an_undecided_instance_is_a_retryable_503_never_unknown() {
+        for context in ["applying a heartbeat", "deregistering a service"] {
+            let response = ApiError::registry(context, RegistryError::behind()).into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        }
+        let full = RegistryError::new(RegistryErrorKind::Unavailable, "disk is full");
+        assert_eq!(
+            ApiError::registry("registering", full)
+                .into_response()
+                .status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
     }
 
     #[test]

@@ -175,6 +175,12 @@ pub enum RegistryErrorKind {
     Corrupt,
     /// The store task was cancelled or panicked.
     Interrupted,
+    /// The request names an instance this server does not know, and it could not establish
+    /// that its index holds every change of a store shared with other servers (the bucket
+    /// did not answer, or its changes did not arrive in time): the instance may have been
+    /// registered through another server a moment ago. Retrying later may succeed; the
+    /// instance must not be answered as unknown.
+    Behind,
 }
 
 /// An error of the registry or its store: a [kind](RegistryError::kind) to match on, a
@@ -216,6 +222,16 @@ impl RegistryError {
         RegistryError::new(
             RegistryErrorKind::Interrupted,
             "database task did not finish",
+        )
+    }
+
+    /// This server cannot tell whether an instance it does not know exists in the shared
+    /// store ([`RegistryErrorKind::Behind`]).
+    pub(crate) fn behind() -> RegistryError {
+        RegistryError::new(
+            RegistryErrorKind::Behind,
+            "cannot tell whether the instance exists: this server has not caught up with the \
+             shared registry (retry later)",
         )
     }
 

@@ -22,6 +22,8 @@ pub struct Metrics {
     pub heartbeats_unknown: AtomicU64,
     /// Heartbeat messages dropped because the consumer was overloaded.
     pub heartbeats_dropped: AtomicU64,
+    /// The episodes of those drops, for the log and `/healthz`.
+    pub(crate) slow_consumer: super::heartbeats::SlowConsumer,
     /// Lines skipped as not meant for the fleet (other measurements, non-events).
     pub heartbeats_ignored: AtomicU64,
     /// Nanoseconds spent decoding heartbeat messages.
@@ -214,6 +216,9 @@ impl Metrics {
              # HELP ccfleet_heartbeat_messages_dropped_total NATS heartbeat messages dropped under overload (a lower bound: the NATS client sheds drop reports in large bursts).\n\
              # TYPE ccfleet_heartbeat_messages_dropped_total counter\n\
              ccfleet_heartbeat_messages_dropped_total {}\n\
+             # HELP ccfleet_heartbeat_drop_episodes_total Episodes of NATS heartbeat messages dropped at the subscription (slow consumer); /healthz reports one while it lasts.\n\
+             # TYPE ccfleet_heartbeat_drop_episodes_total counter\n\
+             ccfleet_heartbeat_drop_episodes_total {}\n\
              # HELP ccfleet_heartbeat_decode_seconds_total Time spent decoding heartbeat messages.\n\
              # TYPE ccfleet_heartbeat_decode_seconds_total counter\n\
              ccfleet_heartbeat_decode_seconds_total {decode_seconds}\n\
@@ -231,6 +236,7 @@ impl Metrics {
              ccfleet_config_reload_errors_total {}\n",
             get(&self.heartbeat_messages),
             get(&self.heartbeats_dropped),
+            self.slow_consumer.episodes(),
             get(&self.roster_publishes),
             get(&self.roster_errors),
             get(&self.config_reloads),

@@ -135,6 +135,7 @@ async fn connect_nats(
         move |event| match event {
             async_nats::Event::SlowConsumer(_) => {
                 Metrics::add(&metrics.heartbeats_dropped, 1);
+                metrics.slow_consumer.dropped();
             }
             // Core NATS kept nothing for consumers while we were away: send current
             // rosters now instead of at the next interval.
@@ -342,6 +343,9 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         None => None,
     };
     let metrics = Arc::new(Metrics::default());
+    metrics
+        .slow_consumer
+        .set_pending_messages(fleet.heartbeat_pending_messages);
     let roster_notify = RosterNotify::default();
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -533,7 +537,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         allowlist,
         metrics: metrics.clone(),
         roster: roster_notify,
-        health: health::Health::new(registry.clone(), nats.clone()),
+        health: health::Health::new(registry.clone(), nats.clone(), metrics.clone()),
         plugins,
         duplicates: duplicates.clone(),
         status: Arc::new(status::Status::new(
