@@ -23,20 +23,24 @@ const ERROR: u8 = 2;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    let format = cli.log.log_format;
     if let Err(err) = cli::logging::init(&cli.log, cli.command.default_log_filter()) {
-        return report(&err);
+        return report(format, &err);
     }
     match cli::run(cli).await {
         Ok(code) => code,
-        Err(err) => report(&err),
+        Err(err) => report(format, &err),
     }
 }
 
-fn report(err: &anyhow::Error) -> ExitCode {
+/// Prints the error on one line of standard error, in the log format (`--log-format json`
+/// makes it a JSON event like the log lines before it).
+fn report(format: cli::logging::Format, err: &anyhow::Error) -> ExitCode {
     // `ccfleet decode big.lp | head`: the reader has what it wanted.
     if cli::is_broken_pipe(err) {
         return ExitCode::SUCCESS;
     }
-    let _ = writeln!(std::io::stderr(), "ccfleet: {}", cli::one_line(err));
+    let line = cli::logging::fatal_line(format, &cli::one_line(err));
+    let _ = writeln!(std::io::stderr(), "{line}");
     ExitCode::from(ERROR)
 }

@@ -78,8 +78,8 @@ pub struct AgentConfig {
     /// plugins do; what has not finished by then is abandoned.
     #[serde(default = "default_shutdown_timeout", with = "serde_go")]
     pub shutdown_timeout: Duration,
-    /// Where to serve `GET /metrics` (Prometheus text format) and `GET /healthz`, e.g.
-    /// `127.0.0.1:9102`; off when absent.
+    /// Where to serve `GET /metrics` (Prometheus text format), `GET /healthz` (alive) and
+    /// `GET /readyz` (ready), e.g. `127.0.0.1:9102`; off when absent.
     #[serde(default)]
     pub metrics_addr: Option<String>,
     /// The `self` collector: the agent's own figures sent as metrics beside the plugins'
@@ -134,7 +134,8 @@ impl fmt::Debug for AgentConfig {
 impl AgentConfig {
     /// Parses a configuration; relative plugin paths are resolved against `base`.
     pub fn from_json(text: &str, base: &Path) -> Result<AgentConfig, AgentError> {
-        let mut config: AgentConfig = serde_json::from_str(text)
+        // A mistake names its key and the form the key takes (`ccfleet::json_config`).
+        let mut config: AgentConfig = ccfleet::json_config::from_str(text)
             .map_err(|e| AgentError::Config(format!("invalid agent configuration: {e}")))?;
         let mut names = std::collections::BTreeSet::new();
         for plugin in &mut config.plugins {

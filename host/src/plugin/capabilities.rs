@@ -7,11 +7,13 @@
 //! (`/proc`, `/sys`, `/dev`, ...) is refused, since inside a preopened `/proc` the plugin
 //! could read `/proc/self/environ` and `/proc/self/mem`, the agent's secrets.
 
+use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
+use super::commands::{self, RunGrant};
 use super::files::Pattern;
 
 /// File systems that are views of the kernel and its processes, never preopened for WASI.
@@ -59,6 +61,11 @@ pub struct Capabilities {
     /// ([`super::mounts`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mount_info: bool,
+    /// Commands the plugin may run through `cc:fleet/commands`, by name: each an absolute
+    /// executable with fixed arguments, run without a shell under a timeout and an output
+    /// cap ([`super::commands`]). Needs no WASI.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub run: BTreeMap<String, RunGrant>,
 }
 
 impl Capabilities {
@@ -93,6 +100,7 @@ impl Capabilities {
                 root.display()
             ));
         }
+        commands::validate(&self.run)?;
         Ok(())
     }
 
@@ -233,6 +241,7 @@ mod tests {
             read_files: vec!["/proc/loadavg".into()],
             files_root: None,
             mount_info: false,
+            run: BTreeMap::new(),
         };
         fine.validate().unwrap();
     }
