@@ -19,7 +19,11 @@
 //!   `matches` / `contains` / `startsWith` / `endsWith`, `+ - * / %`, unary `-`, parentheses;
 //! - functions `match(regex, text)`, `len(x)`, and for aggregates `avg`, `sum`, `min`,
 //!   `max`, `median`, `count`; methods `metric.Name()` and `msg.HasTag('k')` (also on
-//!   `message`), `HasMeta`, `HasField`.
+//!   `message`), `HasMeta`, `HasField`;
+//! - the topology functions of the local CPU topology ([`super::topology`]):
+//!   `getCpuListOfType(type, id)`, `getCpuList()`, `getSockCpuList(id)`,
+//!   `getNumaCpuList(id)`, `getDieCpuList(id)`, `getCoreCpuList(id)`, `getCpuSocket(cpu)`,
+//!   `getCpuNuma(cpu)`, `getCpuDie(cpu)`, `getCpuCore(cpu)`.
 //!
 //! Regular expressions are written with `%` for `\` (JSON-friendly, as both Go components
 //! do) and must be literals, so they are compiled once.
@@ -27,6 +31,8 @@
 use std::fmt;
 
 use regex::Regex;
+
+use super::topology::{Level, Topology};
 
 /// The deepest nesting of parentheses, lists, calls and operators accepted.
 pub const MAX_DEPTH: usize = 128;
@@ -125,6 +131,23 @@ pub trait Scope {
     fn get(&self, var: &Var) -> Value;
     /// `HasTag`, `HasMeta`, `HasField` of the message.
     fn has(&self, place: Place, key: &str) -> bool;
+    /// The CPU topology the topology functions read (none: their lists are empty).
+    fn topology(&self) -> Option<&Topology> {
+        None
+    }
+}
+
+/// The topology functions of cc-metric-collector's conditions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopoFn {
+    /// `getCpuListOfType(type, id)`: the CPUs of a socket, core, ... (`node`: all).
+    ListOfType,
+    /// `getCpuList()`: every CPU.
+    List,
+    /// `getSockCpuList(id)`, `getNumaCpuList`, `getDieCpuList`, `getCoreCpuList`.
+    ListOf(Level),
+    /// `getCpuSocket(cpu)`, `getCpuNuma`, `getCpuDie`, `getCpuCore`.
+    LevelOf(Level),
 }
 
 /// The three places of a message's key-value pairs.
@@ -195,6 +218,8 @@ pub enum Expr {
     /// An aggregate function over a list.
     #[doc(hidden)]
     Agg(AggBox),
+    /// A topology function with its arguments.
+    Topo(TopoFn, Vec<Expr>),
 }
 
 /// A binary operation (internal representation).
@@ -301,6 +326,12 @@ fn lex(src: &str) -> Result<Vec<Tok>, String> {
         } else if c == b'.' {
             out.push(Tok::Op("."));
             i += 1;
+        } else if c == b'?' {
+            return Err("unsupported operator \"?\" (the conditional a ? b : c)".into());
+        } else if c == b':' {
+            return Err(
+                "unsupported operator \":\" (conditionals a ? b : c, slices x[a:b])".into(),
+            );
         } else {
             let ch = src[i..].chars().next().unwrap_or('?');
             return Err(format!("unsupported character {ch:?}"));
@@ -684,6 +715,34 @@ impl Parser<'_> {
             }
             return Ok(Expr::Agg(AggBox(agg, Box::new(args.remove(0)))));
         }
+        let topo = match name {
+            "getCpuListOfType" => Some((TopoFn::ListOfType, 2)),
+            "getCpuList" => Some((TopoFn::List, 0)),
+            "getSockCpuList" => Some((TopoFn::ListOf(Level::Socket), 1)),
+            "getNumaCpuList" => Some((TopoFn::ListOf(Level::NumaDomain), 1)),
+            "getDieCpuList" => Some((TopoFn::ListOf(Level::Die), 1)),
+            "getCoreCpuList" => Some((TopoFn::ListOf(Level::Core), 1)),
+            "getCpuSocket" => Some((TopoFn::LevelOf(Level::Socket), 1)),
+            "getCpuNuma" => Some((TopoFn::LevelOf(Level::NumaDomain), 1)),
+            "getCpuDie" => Some((TopoFn::LevelOf(Level::Die), 1)),
+            "getCpuCore" => Some((TopoFn::LevelOf(Level::Core), 1)),
+            _ => None,
+        };
+        if let Some((f, arity)) = topo {
+            let args = self.args(name)?;
+            if args.len() != arity {
+                return Err(format!("{name}() takes {arity} argument(s), not {}", args.len()));
+            }
+            if f == TopoFn::ListOfType
+                && let Expr::Lit(Value::Str(level)) = &args[0]
+                && Level::parse(level).is_none()
+            {
+                return Err(format!(
+                    "{name}(): {level:?} is not node, socket, die, numadomain, core or hwthread"
+                ));
+            }
+            return Ok(Expr::Topo(f, args));
+        }
         match name {
             "match" => {
                 let re = self.regex_literal("match")?;
@@ -797,6 +856,7 @@ impl Expr {
             },
             Expr::Agg(AggBox(agg, e)) => aggregate(*agg, e.eval(scope)?)?,
             Expr::Bin(BinOpBox(op, l, r)) => binary(*op, l, r, scope)?,
+            Expr::Topo(f, args) => topology(*f, args, scope)?,
         })
     }
 
@@ -813,6 +873,48 @@ impl Expr {
             ))),
         }
     }
+}
+
+/// A CPU, socket, ... number: an integer, or a tag's text holding one.
+fn id_arg(v: &Value) -> Result<i64, EvalError> {
+    match v.as_num() {
+        Some(n) if n.fract() == 0.0 && n.abs() < 1e15 => Ok(n as i64),
+        _ => Err(EvalError(format!("a {} is not a CPU topology number", v.kind()))),
+    }
+}
+
+fn topology(f: TopoFn, args: &[Expr], scope: &dyn Scope) -> Result<Value, EvalError> {
+    let mut vals = Vec::with_capacity(args.len());
+    for a in args {
+        vals.push(a.eval(scope)?);
+    }
+    let empty = Topology::default();
+    let topo = scope.topology().unwrap_or(&empty);
+    let list = |cpus: Vec<i64>| Value::List(cpus.into_iter().map(|c| Value::Num(c as f64)).collect());
+    Ok(match (f, vals.as_slice()) {
+        (TopoFn::List, []) => list(topo.cpus_of(Level::Node, 0)),
+        (TopoFn::ListOfType, [level, id]) => {
+            let Value::Str(name) = level else {
+                return Err(EvalError(format!(
+                    "getCpuListOfType needs a type name, not a {}",
+                    level.kind()
+                )));
+            };
+            let Some(level) = Level::parse(name) else {
+                return Err(EvalError(format!(
+                    "getCpuListOfType: {:?} is not a topology type",
+                    cap(name)
+                )));
+            };
+            let id = if level == Level::Node { 0 } else { id_arg(id)? };
+            list(topo.cpus_of(level, id))
+        }
+        (TopoFn::ListOf(level), [id]) => list(topo.cpus_of(level, id_arg(id)?)),
+        (TopoFn::LevelOf(level), [cpu]) => topo
+            .level_of(id_arg(cpu)?, level)
+            .map_or(Value::Nil, |n| Value::Num(n as f64)),
+        _ => return Err(EvalError("a topology function with the wrong arguments".into())),
+    })
 }
 
 fn loose_eq(a: &Value, b: &Value) -> bool {

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use ccfleet::lineproto::{OwnedValue, Point};
 
 use super::expr::{Place, Scope, Value, Var};
+use super::topology::Topology;
 
 /// A point with meta information.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -128,6 +129,8 @@ pub struct MessageScope<'a> {
     pub msg: &'a Message,
     /// `add_base_env` constants.
     pub env: &'a BTreeMap<String, Value>,
+    /// The CPU topology for the topology functions.
+    pub topology: &'a Topology,
 }
 
 impl Scope for MessageScope<'_> {
@@ -165,5 +168,9 @@ impl Scope for MessageScope<'_> {
             Place::Meta => self.msg.meta.contains_key(key),
             Place::Field => self.msg.field(key).is_some(),
         }
+    }
+
+    fn topology(&self) -> Option<&Topology> {
+        Some(self.topology)
     }
 }

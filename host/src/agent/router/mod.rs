@@ -12,6 +12,7 @@ pub mod message;
 pub mod processor;
 #[allow(clippy::module_inception)]
 pub mod router;
+pub mod topology;
 pub mod units;
 
 pub use router::{Routed, Router, RouterConfig, RouterCounters};

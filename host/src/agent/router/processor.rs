@@ -14,12 +14,14 @@
 //!   `control`) is refused at configuration time rather than failing every message.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use ccfleet::lineproto::OwnedValue;
 use serde::Deserialize;
 
 use super::expr::{Expr, Mode, Value};
 use super::message::{Message, MessageScope, field_text};
+use super::topology::Topology;
 use super::units::{Prefix, Unit, scale};
 
 /// One `{"if", "key", "value"}` rule as configured.
@@ -202,9 +204,15 @@ impl Condition {
         })
     }
 
-    fn test(&self, msg: &Message, env: &BTreeMap<String, Value>) -> Result<bool, RuleError> {
+    /// Evaluates the condition on `msg`.
+    pub fn test(
+        &self,
+        msg: &Message,
+        env: &BTreeMap<String, Value>,
+        topology: &Topology,
+    ) -> Result<bool, RuleError> {
         self.expr
-            .eval_bool(&MessageScope { msg, env })
+            .eval_bool(&MessageScope { msg, env, topology })
             .map_err(|e| RuleError {
                 condition: self.source.clone(),
                 why: e.0,
@@ -249,6 +257,7 @@ pub struct Processor {
     normalize: bool,
     rules: BTreeMap<&'static str, Vec<KeyRule>>,
     env: BTreeMap<String, Value>,
+    topology: Arc<Topology>,
     rule_count: usize,
 }
 
@@ -298,15 +307,19 @@ impl Processor {
             p.add_drop_if(c, &format!("{at}.drop_messages_if[{i}]"))?;
         }
         for (from, to) in &config.rename_messages {
-            p.add_rename(from, to);
+            p.add_rename(from, to, &format!("{at}.rename_messages[{from:?}]"))?;
         }
         for (c, to) in &config.rename_messages_if {
-            let cond = Condition::parse(c, &format!("{at}.rename_messages_if"))?;
+            let rule = format!("{at}.rename_messages_if[{c:?}]");
+            if to.is_empty() {
+                return Err(format!("{rule}: the new name is empty"));
+            }
+            let cond = Condition::parse(c, &rule)?;
             p.rename_if.push((cond, to.clone()));
             p.rule_count += 1;
         }
         for (c, prefix) in &config.change_unit_prefix {
-            p.add_change_prefix(c, prefix, &format!("{at}.change_unit_prefix"))?;
+            p.add_change_prefix(c, prefix, &format!("{at}.change_unit_prefix[{c:?}]"))?;
         }
         p.normalize = config.normalize_units;
         let keyed: [(&'static str, &Vec<KeyRuleConfig>); 12] = [
@@ -349,10 +362,14 @@ impl Processor {
         Ok(())
     }
 
-    /// Renames messages named `from`.
-    pub fn add_rename(&mut self, from: &str, to: &str) {
+    /// Renames messages named `from`; `rule` names the rule in the error.
+    pub fn add_rename(&mut self, from: &str, to: &str, rule: &str) -> Result<(), String> {
+        if to.is_empty() {
+            return Err(format!("{rule}: the new name is empty"));
+        }
         self.rename.insert(from.to_owned(), to.to_owned());
         self.rule_count += 1;
+        Ok(())
     }
 
     /// Changes the unit prefix of metrics for which `condition` holds.
@@ -368,6 +385,11 @@ impl Processor {
         self.change_prefix.push((cond, prefix));
         self.rule_count += 1;
         Ok(())
+    }
+
+    /// Sets the CPU topology the topology functions read (empty until set).
+    pub fn set_topology(&mut self, topology: Arc<Topology>) {
+        self.topology = topology;
     }
 
     /// Normalizes units.
@@ -414,6 +436,7 @@ impl Processor {
     /// Applies every stage; `Ok(false)` when the message is dropped.
     pub fn process(&self, msg: &mut Message) -> Result<bool, RuleError> {
         let env = &self.env;
+        let topo = &*self.topology;
         for stage in &self.stages {
             match stage {
                 Stage::DropByName => {
@@ -429,7 +452,7 @@ impl Processor {
                 }
                 Stage::DropIf => {
                     for c in &self.drop_if {
-                        if c.test(msg, env)? {
+                        if c.test(msg, env, topo)? {
                             return Ok(false);
                         }
                     }
@@ -461,14 +484,17 @@ impl Processor {
                 }
                 Stage::RenameIf => {
                     for (c, to) in &self.rename_if {
-                        if c.test(msg, env)? {
+                        if c.test(msg, env, topo)? {
                             rename(msg, to);
                         }
                     }
                 }
+                // cc-lib converts units of metrics only.
+                Stage::ChangeUnitPrefix if msg.message_type() != "metric" => {}
+                Stage::NormalizeUnit if msg.message_type() != "metric" => {}
                 Stage::ChangeUnitPrefix => {
                     for (c, prefix) in &self.change_prefix {
-                        if c.test(msg, env)? {
+                        if c.test(msg, env, topo)? {
                             change_prefix(msg, *prefix);
                         }
                     }
@@ -485,7 +511,7 @@ impl Processor {
 
     fn add(&self, msg: &mut Message, kind: &str, loc: Loc) -> Result<(), RuleError> {
         for r in self.rules.get(kind).into_iter().flatten() {
-            if r.cond.test(msg, &self.env)? {
+            if r.cond.test(msg, &self.env, &self.topology)? {
                 put(msg, loc, &r.key, r.value.clone());
             }
         }
@@ -494,7 +520,7 @@ impl Processor {
 
     fn delete(&self, msg: &mut Message, kind: &str, loc: Loc) -> Result<(), RuleError> {
         for r in self.rules.get(kind).into_iter().flatten() {
-            if r.cond.test(msg, &self.env)? {
+            if r.cond.test(msg, &self.env, &self.topology)? {
                 take(msg, loc, &r.key);
             }
         }
@@ -503,7 +529,7 @@ impl Processor {
 
     fn mv(&self, msg: &mut Message, kind: &str, from: Loc, to: Loc) -> Result<(), RuleError> {
         for r in self.rules.get(kind).into_iter().flatten() {
-            if r.cond.test(msg, &self.env)?
+            if r.cond.test(msg, &self.env, &self.topology)?
                 && let Some(v) = take(msg, from, &r.key)
             {
                 put(msg, to, &r.value, v);

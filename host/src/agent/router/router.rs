@@ -17,6 +17,7 @@
 //!   them (`*` as condition means `true`; `change_unit_prefix` keys are metric names).
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ccfleet::lineproto::{Decoder, Encoder, OwnedValue, Point};
@@ -26,6 +27,7 @@ use serde::Deserialize;
 use super::expr::{Expr, Mode, Place, Scope, Value, Var};
 use super::message::{Message, MessageScope, field_value};
 use super::processor::{Condition, KeyRuleConfig, Processor, ProcessorConfig, RuleError};
+use super::topology::Topology;
 
 /// Points kept per interval for `interval_aggregates`; beyond it points are not cached (and
 /// counted), so a flood cannot grow the agent without bound.
@@ -165,6 +167,7 @@ pub struct Router {
     cache_start: Option<i64>,
     logged: HashSet<String>,
     counters: RouterCounters,
+    topology: Arc<Topology>,
 }
 
 /// ccfleet's default interval for `interval_timestamp` and aggregates.
@@ -174,6 +177,15 @@ impl Router {
     /// Compiles the `router` key; `hostname` is the host's name (its short form is used).
     /// Errors name the rule (`router.process_messages.add_tags_if[0]: ...`).
     pub fn new(config: &RouterConfig, hostname: &str) -> Result<Router, String> {
+        Router::with_topology(config, hostname, Topology::local())
+    }
+
+    /// [`Router::new`] with the CPU topology the topology functions read.
+    pub fn with_topology(
+        config: &RouterConfig,
+        hostname: &str,
+        topology: Arc<Topology>,
+    ) -> Result<Router, String> {
         let mut processor = match &config.process_messages {
             Some(p) => Processor::new(p, "router.process_messages")?,
             None => Processor::new(&ProcessorConfig::default(), "router")?,
@@ -203,7 +215,7 @@ impl Router {
             }
         }
         for (from, to) in &config.rename_metrics {
-            processor.add_rename(from, to);
+            processor.add_rename(from, to, &format!("router.rename_metrics[{from:?}]"))?;
         }
         for (name, prefix) in &config.change_unit_prefix {
             let quoted = name.replace('\\', "\\\\").replace('\'', "\\'");
@@ -216,6 +228,7 @@ impl Router {
         if config.normalize_units {
             processor.set_normalize_units(true);
         }
+        processor.set_topology(topology.clone());
         if config.num_cache_intervals < 0 {
             return Err("router.num_cache_intervals must not be negative".into());
         }
@@ -276,6 +289,7 @@ impl Router {
             cache_start: None,
             logged: HashSet::new(),
             counters: RouterCounters::default(),
+            topology,
         })
     }
 
@@ -337,12 +351,11 @@ impl Router {
             if self.interval_timestamp {
                 msg.point.time = Some(stamp);
             }
-            match self.processor.process(&mut msg) {
-                Ok(true) => {}
+            match process_isolated(&self.processor, &mut msg) {
+                Ok(true) => self.encode(&msg, &mut enc, &mut out),
                 Ok(false) => {
                     out.dropped += 1;
                     self.counters.dropped += 1;
-                    continue;
                 }
                 Err(e) => {
                     out.failed += 1;
@@ -350,7 +363,9 @@ impl Router {
                     continue;
                 }
             }
-            self.encode(&msg, &mut enc, &mut out);
+            // A dropped point still counts for the aggregates: cc-metric-collector's README
+            // drops an aggregate's inputs with the aggregate's own condition in
+            // `drop_metrics_if` when only the aggregate is wanted.
             self.cache_point(msg);
         }
         out.lines.extend_from_slice(enc.bytes());
@@ -380,9 +395,11 @@ impl Router {
         if self.aggregates.is_empty() {
             return;
         }
+        let empty = BTreeMap::new();
         let wanted = self.aggregates.iter().any(|a| {
             a.cond
-                .test_quiet(&msg)
+                .test(&msg, &empty, &self.topology)
+                .unwrap_or(false)
         });
         if !wanted {
             return;
@@ -422,7 +439,7 @@ impl Router {
             {
                 msg.set_tag(tag, &self.hostname);
             }
-            match self.processor.process(&mut msg) {
+            match process_isolated(&self.processor, &mut msg) {
                 Ok(true) => {
                     self.counters.aggregated += 1;
                     self.encode(&msg, &mut enc, &mut out);
@@ -444,7 +461,7 @@ impl Router {
         let mut matched = Vec::new();
         let mut failure = None;
         for m in cached {
-            match a.cond.test_with(m, &empty) {
+            match a.cond.test(m, &empty, &self.topology) {
                 Ok(true) => matched.push(m),
                 Ok(false) => {}
                 Err(e) => failure = Some(e),
@@ -460,6 +477,7 @@ impl Router {
             Some(a.function.eval(&AggregateScope {
                 matched: &matched,
                 values,
+                topology: &self.topology,
             }))
         };
         let name = a.name.clone();
@@ -499,6 +517,20 @@ impl Router {
     }
 }
 
+/// Runs the processor on one message so that nothing it does to that message can end the
+/// pipeline: evaluation is written not to panic, and should a defect make it panic all the
+/// same, the message is counted as failed and the next one is processed. Only `msg` is
+/// touched inside, and it is discarded after a panic, so no broken state outlives it.
+fn process_isolated(processor: &Processor, msg: &mut Message) -> Result<bool, RuleError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| processor.process(msg)))
+        .unwrap_or_else(|_| {
+            Err(RuleError {
+                condition: "(message processor)".to_owned(),
+                why: "processing this point failed unexpectedly".to_owned(),
+            })
+        })
+}
+
 fn copy_from(
     spec: &BTreeMap<String, String>,
     matched: &[&Message],
@@ -517,25 +549,11 @@ fn copy_from(
     out
 }
 
-impl Condition {
-    fn test_with(&self, msg: &Message, env: &BTreeMap<String, Value>) -> Result<bool, RuleError> {
-        self.expr
-            .eval_bool(&MessageScope { msg, env })
-            .map_err(|e| RuleError {
-                condition: self.source.clone(),
-                why: e.0,
-            })
-    }
-
-    fn test_quiet(&self, msg: &Message) -> bool {
-        self.test_with(msg, &BTreeMap::new()).unwrap_or(false)
-    }
-}
-
 /// What an aggregate's function reads: `values`, and a metric name for that metric's values.
 struct AggregateScope<'a> {
     matched: &'a [&'a Message],
     values: Vec<Value>,
+    topology: &'a Topology,
 }
 
 impl Scope for AggregateScope<'_> {
@@ -555,5 +573,9 @@ impl Scope for AggregateScope<'_> {
 
     fn has(&self, _place: Place, _key: &str) -> bool {
         false
+    }
+
+    fn topology(&self) -> Option<&Topology> {
+        Some(self.topology)
     }
 }

@@ -7,13 +7,30 @@ use serde_json::{Value as Json, json};
 use super::expr::{Expr, MAX_DEPTH, Mode};
 use super::message::{Message, MessageScope};
 use super::processor::{Processor, ProcessorConfig};
+use super::topology::{HwThread, Topology};
 use super::{Router, RouterConfig};
 
 const NOW: i64 = 1_700_000_003_000_000_000;
 
+/// Two sockets of two cores of two hardware threads; NUMA domain = socket.
+fn topology() -> Topology {
+    Topology::new(
+        (0..8)
+            .map(|cpu| HwThread {
+                cpu,
+                core: (cpu % 4) / 2 + (cpu / 4) * 2,
+                socket: cpu / 4,
+                die: cpu / 4,
+                numa: cpu / 4,
+            })
+            .collect(),
+    )
+}
+
 fn router(config: Json) -> Router {
     let config: RouterConfig = serde_json::from_value(config).expect("router config parses");
-    Router::new(&config, "node01.example.org").expect("router compiles")
+    Router::with_topology(&config, "node01.example.org", std::sync::Arc::new(topology()))
+        .expect("router compiles")
 }
 
 fn refused(config: Json) -> String {
@@ -53,7 +70,13 @@ fn condition(src: &str, line: &str) -> bool {
     let e = Expr::parse(src, Mode::Condition).unwrap();
     let m = message(line);
     let env = Default::default();
-    e.eval_bool(&MessageScope { msg: &m, env: &env }).unwrap()
+    let topology = topology();
+    e.eval_bool(&MessageScope {
+        msg: &m,
+        env: &env,
+        topology: &topology,
+    })
+    .unwrap()
 }
 
 // ---- cc-metric-collector's router README ----
@@ -108,6 +131,88 @@ fn the_router_readme_example_tags_drops_renames_and_stamps() {
             format!("mymetric,cluster=testcluster,hostname=other,type=node value=7i {stamp}"),
         ]
     );
+}
+
+#[test]
+fn the_router_readme_example_still_aggregates_the_metrics_it_drops() {
+    let mut r = router(readme_router());
+    let t0 = 1_700_000_000_000_000_000i64;
+    let out = r.route(
+        b"temp_core_0,type=node,unit=degC value=50 1\n\
+          temp_core_1,type=node,unit=degC value=54 1\n\
+          temp_package_id_0,type=node value=45 1\n",
+        t0 + 3_000_000_000,
+    );
+    assert_eq!((out.points, out.dropped), (1, 2));
+    assert_eq!(r.flush(t0 + 9_999_999_999).points, 0);
+    let out = r.flush(t0 + 10_000_000_000);
+    // The aggregate passes the processor too: the wildcard tag, the hostname.
+    assert_eq!(
+        String::from_utf8(out.lines).unwrap(),
+        format!("temp_cores_avg,cluster=testcluster,hostname=node01,type=node value=52 {t0}\n")
+    );
+    assert_eq!(r.counters().aggregated, 1);
+}
+
+/// cc-metric-collector's `example-configs/router.json`.
+#[test]
+fn the_example_router_configuration_tags_and_stamps() {
+    let mut r = router(json!({
+        "process_messages" : {
+            "add_tags_if": [
+                {"key" : "cluster", "value" : "testcluster", "if" : "true"},
+                {"key" : "test", "value" : "testing", "if" : "name == 'temp_package_id_0'"}
+            ],
+            "delete_meta_if": [{"key" : "unit", "if" : "true"}]
+        },
+        "interval_timestamp" : true
+    }));
+    let out = route(
+        &mut r,
+        "temp_package_id_0,type=socket,type-id=0 value=45 1\ncpu_load,type=node value=1.5 1\n",
+    );
+    let stamp = 1_700_000_000_000_000_000i64;
+    assert_eq!(
+        out,
+        [
+            format!(
+                "temp_package_id_0,cluster=testcluster,hostname=node01,test=testing,type=socket,type-id=0 value=45 {stamp}"
+            ),
+            format!("cpu_load,cluster=testcluster,hostname=node01,type=node value=1.5 {stamp}"),
+        ]
+    );
+}
+
+#[test]
+fn the_topology_example_drops_the_hardware_threads_of_socket_one() {
+    let mut r = router(json!({"process_messages": {
+        "drop_messages_if": ["tag_type-id in getCpuListOfType(\"socket\", \"1\")"]
+    }}));
+    let input: String = (0..8)
+        .map(|cpu| format!("cpu_user,hostname=h,type=hwthread,type-id={cpu} value={cpu} 1\n"))
+        .collect();
+    let out = route(&mut r, &input);
+    let kept: Vec<String> = (0..4)
+        .map(|cpu| format!("cpu_user,hostname=h,type=hwthread,type-id={cpu} value={cpu} 1"))
+        .collect();
+    assert_eq!(out, kept);
+}
+
+#[test]
+fn the_topology_functions_read_the_topology() {
+    let line = "cpu_user,type=hwthread,type-id=5 value=1 1";
+    for (cond, want) in [
+        ("getCpuSocket(5) == 1 && getCpuCore(type-id) == 2 && getCpuNuma(0) == 0", true),
+        ("getCpuDie(7) == 1 && getCpuSocket(99) == nil", true),
+        ("len(getCpuList()) == 8 && 7 in getCpuList()", true),
+        ("type-id in getSockCpuList(1) && type-id in getNumaCpuList(1)", true),
+        ("type-id in getDieCpuList(0) || type-id in getCoreCpuList(0)", false),
+        ("getCoreCpuList(2) == [4, 5]", true),
+        ("type-id in getCpuListOfType('node', 0)", true),
+        ("type-id in getCpuListOfType('core', 2) && type-id in getCpuListOfType('hwthread', 5)", true),
+    ] {
+        assert_eq!(condition(cond, line), want, "{cond}");
+    }
 }
 
 #[test]
@@ -421,6 +526,23 @@ fn tags_meta_and_fields_are_added_deleted_and_moved_under_conditions() {
 }
 
 #[test]
+fn units_of_events_are_left_alone() {
+    let p = processor(json!({"normalize_units": true, "change_unit_prefix": {"true": "G"}}));
+    let m = process(&p, "job,unit=kB event=\"x\" 1").unwrap();
+    assert_eq!(m.tag("unit"), Some("kB"));
+    let m = process(&p, "mem,unit=kB value=2000000 1").unwrap();
+    assert_eq!(m.tag("unit"), Some("GB"));
+}
+
+#[test]
+fn an_empty_new_name_is_refused_naming_the_rule() {
+    let e = refused(json!({"rename_metrics": {"a": ""}}));
+    assert!(e.starts_with("router.rename_metrics[\"a\"]: the new name is empty"), "{e}");
+    let e = refused(json!({"process_messages": {"rename_messages_if": {"true": ""}}}));
+    assert!(e.contains("rename_messages_if[\"true\"]"), "{e}");
+}
+
+#[test]
 fn deleting_a_message_defining_field_is_refused_at_configuration() {
     let config: ProcessorConfig =
         serde_json::from_value(json!({"delete_field_if": [{"if": "true", "key": "value"}]})).unwrap();
@@ -498,9 +620,13 @@ fn the_documented_syntax_evaluates() {
 #[test]
 fn unsupported_constructs_are_refused_naming_them_and_the_expression() {
     for (src, names) in [
-        ("tag_type-id in getCpuListOfType(\"socket\", \"1\")", "getCpuListOfType"),
+        ("getCpuListOfType('board', 1)", "\"board\" is not node, socket"),
+        ("getCpuList(1)", "takes 0 argument"),
         ("value ** 2 > 4", "\"**\""),
-        ("value > 1 ? true : false", "'?'"),
+        ("value > 1 ? true : false", "\"?\" (the conditional"),
+        ("now() > 0", "unsupported function now()"),
+        ("name[0:2] == 'cp'", "slices"),
+        ("tag[name] == 'x'", "literal key"),
         ("name matches tag.pattern", "literal"),
         ("filter(values, 1)", "filter"),
         ("name == 'x' &&", "ends early"),
@@ -523,7 +649,7 @@ fn a_bad_condition_names_its_rule_in_the_configuration_error() {
         {"if": "name === 'x'", "key": "a", "value": "b"}
     ]}}));
     assert!(e.starts_with("router.process_messages.add_tags_if[1]: expression"), "{e}");
-    let e = refused(json!({"drop_metrics_if": ["getCpuList()"]}));
+    let e = refused(json!({"drop_metrics_if": ["now() > 0"]}));
     assert!(e.starts_with("router.drop_metrics_if[0]"), "{e}");
 }
 
@@ -578,7 +704,12 @@ fn no_input_makes_the_parser_or_evaluator_panic() {
     ];
     let line = message("m,type=node,type-id=1 value=2,s=\"x\" 1");
     let env = Default::default();
-    let scope = MessageScope { msg: &line, env: &env };
+    let topology = topology();
+    let scope = MessageScope {
+        msg: &line,
+        env: &env,
+        topology: &topology,
+    };
     // A deterministic walk over many combinations (xorshift).
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut parsed = 0;
@@ -601,4 +732,101 @@ fn no_input_makes_the_parser_or_evaluator_panic() {
         }
     }
     assert!(parsed > 100, "the walk should reach valid expressions too ({parsed})");
+}
+
+const PIECES: [&str; 58] = [
+    "(", ")", "[", "]", "'", "\"", "\\", "%", "!", "-", "+", "*", "/", "==", "!=", "<", ">=",
+    "&&", "||", " and ", " or ", " not ", " in ", " matches ", "name", "tag.", "tags_",
+    "type-id", "meta.x", "value", "1", "1e308", "0.5", "1e999", ",", ".", "match(", "len(",
+    "avg(", "msg.HasTag(", "metric.Name()", "é", "\u{0}", "?", "true", "nil", "values", " ",
+    "getCpuListOfType(", "getCpuList()", "getCpuCore(", "'socket'", "'node'", "-1",
+    "9007199254740993", "s", "x", "contains",
+];
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+    /// Any expression from pieces of the language, over any message: parsing gives an
+    /// expression or an error, evaluation a value or an error, never a panic.
+    #[test]
+    fn arbitrary_expressions_over_arbitrary_messages_never_panic(
+        pieces in proptest::collection::vec(0..PIECES.len(), 1..14),
+        raw in "\\PC{0,30}",
+        tags in proptest::collection::vec(("[a-z_-]{1,6}", "\\PC{1,8}"), 0..4),
+        value in proptest::prelude::any::<f64>(),
+        text in "\\PC{0,10}",
+    ) {
+        let src: String = pieces.iter().map(|&i| PIECES[i]).collect();
+        let mut point = ccfleet::lineproto::Point {
+            measurement: "m".to_owned(),
+            tags,
+            fields: vec![
+                ("value".to_owned(), ccfleet::lineproto::OwnedValue::Float(value)),
+                ("s".to_owned(), ccfleet::lineproto::OwnedValue::String(text)),
+            ],
+            time: Some(1),
+        };
+        point.tags.sort();
+        point.tags.dedup_by(|a, b| a.0 == b.0);
+        let msg = Message::new(point);
+        let env = Default::default();
+        let topology = topology();
+        let scope = MessageScope { msg: &msg, env: &env, topology: &topology };
+        for src in [src.as_str(), raw.as_str()] {
+            for mode in [Mode::Condition, Mode::Aggregate] {
+                if let Ok(e) = Expr::parse(src, mode) {
+                    let _ = e.eval(&scope);
+                    let _ = e.eval_bool(&scope);
+                }
+            }
+        }
+    }
+
+    /// Any batch, valid or not, through a router with every kind of rule: the router
+    /// gives each point a fate (sent, dropped or failed) and goes on.
+    #[test]
+    fn arbitrary_batches_never_stop_the_router(
+        lines in proptest::collection::vec(
+            ("[a-z_]{1,8}", proptest::collection::vec(("[a-z-]{1,5}", "[a-zA-Z0-9%]{1,5}"), 0..3),
+             proptest::prelude::any::<i32>(), proptest::prelude::any::<bool>()),
+            0..12),
+        garbage in "\\PC{0,40}",
+    ) {
+        let mut r = router(json!({
+            "num_cache_intervals": 1,
+            "interval_timestamp": true,
+            "interval_aggregates": [{"name": "agg", "if": "value > 0", "function": "sum(values) / count(values)"}],
+            "process_messages": {
+                "drop_messages_if": ["type-id in getCpuListOfType('socket', 1)", "value > 1000"],
+                "add_tags_if": [{"if": "value < 0", "key": "neg", "value": "yes"}],
+                "move_tag_to_field_if": [{"if": "true", "key": "a", "value": "a"}],
+                "move_field_to_tag_if": [{"if": "msg.HasField('b')", "key": "b", "value": "b"}],
+                "rename_messages_if": {"name matches '^x'": "renamed"},
+                "change_unit_prefix": {"true": "K"},
+                "normalize_units": true
+            }
+        }));
+        let mut batch = String::new();
+        for (name, tags, value, as_text) in &lines {
+            batch.push_str(name);
+            for (k, v) in tags {
+                batch.push_str(&format!(",{k}={v}"));
+            }
+            if *as_text {
+                batch.push_str(&format!(" value=\"{value}\" 1\n"));
+            } else {
+                batch.push_str(&format!(" value={value}i 1\n"));
+            }
+        }
+        batch.push_str(&garbage);
+        let out = r.route(batch.as_bytes(), NOW);
+        let text = String::from_utf8(out.lines).unwrap();
+        proptest::prop_assert_eq!(text.lines().count(), out.points);
+        let counters = r.counters();
+        proptest::prop_assert_eq!(
+            counters.points_in as usize,
+            out.points + out.dropped + out.failed
+        );
+        let _ = r.flush(NOW + 10_000_000_000);
+    }
 }
