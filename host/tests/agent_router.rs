@@ -40,6 +40,7 @@ fn config(server_url: &str, dir: &Path, store_url: &str, router: Json) -> Json {
         "sinks": {"store": {"type": "http", "url": store_url, "batch-size": 20,
                             "flush-delay": "20ms"}},
         "self": {"interval": "50ms", "read_goroutines": true, "read_rusage": true},
+        "metrics-addr": "127.0.0.1:0",
         "router": router
     })
 }
@@ -79,7 +80,28 @@ async fn the_agents_points_are_tagged_dropped_renamed_stamped_and_aggregated() {
     })
     .await
     .expect("the store receives routed points and the aggregate");
+    let addr = agent.metrics_addr().expect("a metrics listener");
+    let metrics = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     agent.shutdown().await.expect("clean shutdown");
+    let counted = |result: &str| -> u64 {
+        let series = format!("ccfleet_agent_router_points_total{{result=\"{result}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .unwrap_or_else(|| panic!("{series} in {metrics}"))
+            .parse()
+            .unwrap()
+    };
+    // Each round of the self collector has two context-switch points to drop.
+    assert!(counted("in") > counted("dropped"), "{metrics}");
+    assert!(counted("dropped") >= 2, "{metrics}");
+    assert!(counted("aggregated") >= 1, "{metrics}");
+    assert_eq!(counted("failed"), 0, "{metrics}");
 
     let points = store.points();
     for p in &points {

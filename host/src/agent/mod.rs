@@ -320,6 +320,7 @@ impl Agent {
                 .filter(router::Router::is_active),
             None => None,
         };
+        let router_stats = router.as_ref().map(router::Router::stats);
         let sink_configs = sinks::effective(&config.sinks, &config.metrics, nats.is_some())?;
         let sinks::Sinks {
             info: sink_info,
@@ -415,6 +416,7 @@ impl Agent {
                     config: config_seen,
                     loops: loops.clone(),
                     assignments: rollout.is_some().then(|| assignments.clone()),
+                    router: router_stats,
                 };
                 tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
                 Some((addr, observe::serve(listener, Arc::new(observed))))

@@ -75,6 +75,8 @@ pub(crate) struct Observed {
     pub loops: Arc<super::health::Loops>,
     /// The plugins the fleet names and whether they run (`None` without a rollout).
     pub assignments: Option<Arc<super::health::Assignments>>,
+    /// The router's counters (`None` when no router changes points).
+    pub router: Option<Arc<super::router::RouterStats>>,
 }
 
 /// Escapes a Prometheus label value (backslash, quote, newline).
@@ -334,6 +336,7 @@ impl Observed {
         }
 
         self.render_sinks(&mut out);
+        self.render_router(&mut out);
 
         let _ = write!(
             out,
@@ -440,6 +443,34 @@ impl Observed {
     }
 
     /// Every sink's counters, labelled by the sink's name.
+    fn render_router(&self, out: &mut String) {
+        let Some(router) = &self.router else {
+            return;
+        };
+        let c = router.snapshot();
+        header(
+            out,
+            "ccfleet_agent_router_points_total",
+            "counter",
+            "Points through the router by result: in (from the plugins), dropped (by a rule), \
+             failed (a condition failed on the point, or it was no longer valid line protocol), \
+             aggregated (made by interval_aggregates), not_cached (left out of a full \
+             aggregate cache).",
+        );
+        for (result, n) in [
+            ("in", c.points_in),
+            ("dropped", c.dropped),
+            ("failed", c.failed),
+            ("aggregated", c.aggregated),
+            ("not_cached", c.not_cached),
+        ] {
+            let _ = writeln!(
+                out,
+                "ccfleet_agent_router_points_total{{result=\"{result}\"}} {n}"
+            );
+        }
+    }
+
     fn render_sinks(&self, out: &mut String) {
         let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         let families: [(&str, &str, Counter); 4] = [

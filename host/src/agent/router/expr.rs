@@ -302,7 +302,9 @@ fn lex(src: &str) -> Result<Vec<Tok>, String> {
                 .ok_or_else(|| format!("{:?} is not a number", &src[i..j]))?;
             out.push(Tok::Num(n));
             i = j;
-        } else if c.is_ascii_alphabetic() || c == b'_' || c == b'$' {
+        } else if c == b'$' {
+            return Err("unsupported name \"$...\" (expr-lang's $env)".into());
+        } else if c.is_ascii_alphabetic() || c == b'_' {
             let mut j = i;
             while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
                 j += 1;

@@ -15,7 +15,7 @@ pub mod router;
 pub mod topology;
 pub mod units;
 
-pub use router::{Routed, Router, RouterConfig, RouterCounters};
+pub use router::{Routed, Router, RouterConfig, RouterCounters, RouterStats};
 
 #[cfg(test)]
 mod tests;

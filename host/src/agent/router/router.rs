@@ -18,6 +18,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ccfleet::lineproto::{Decoder, Encoder, OwnedValue, Point};
@@ -25,7 +26,7 @@ use ccfleet::untrusted::Untrusted;
 use serde::Deserialize;
 
 use super::expr::{Expr, Mode, Place, Scope, Value, Var};
-use super::message::{Message, MessageScope, field_value};
+use super::message::{Message, field_value};
 use super::processor::{Condition, KeyRuleConfig, Processor, ProcessorConfig, RuleError};
 use super::topology::Topology;
 
@@ -154,11 +155,49 @@ pub struct RouterCounters {
     pub not_cached: u64,
 }
 
+/// The router's counters as `/metrics` reads them, published after each batch and each
+/// interval's aggregates (the router itself counts without atomics).
+#[derive(Debug, Default)]
+pub struct RouterStats {
+    points_in: AtomicU64,
+    dropped: AtomicU64,
+    failed: AtomicU64,
+    aggregated: AtomicU64,
+    not_cached: AtomicU64,
+}
+
+impl RouterStats {
+    fn publish(&self, c: &RouterCounters) {
+        for (atomic, value) in [
+            (&self.points_in, c.points_in),
+            (&self.dropped, c.dropped),
+            (&self.failed, c.failed),
+            (&self.aggregated, c.aggregated),
+            (&self.not_cached, c.not_cached),
+        ] {
+            atomic.store(value, Ordering::Relaxed);
+        }
+    }
+
+    /// The counters as last published.
+    pub fn snapshot(&self) -> RouterCounters {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RouterCounters {
+            points_in: load(&self.points_in),
+            dropped: load(&self.dropped),
+            failed: load(&self.failed),
+            aggregated: load(&self.aggregated),
+            not_cached: load(&self.not_cached),
+        }
+    }
+}
+
 /// The compiled router.
 #[derive(Debug)]
 pub struct Router {
     processor: Processor,
     hostname_tag: Option<String>,
+    hostname_tag_configured: bool,
     hostname: String,
     interval_ns: i64,
     interval_timestamp: bool,
@@ -167,6 +206,7 @@ pub struct Router {
     cache_start: Option<i64>,
     logged: HashSet<String>,
     counters: RouterCounters,
+    stats: Arc<RouterStats>,
     topology: Arc<Topology>,
 }
 
@@ -281,6 +321,7 @@ impl Router {
         Ok(Router {
             processor,
             hostname_tag,
+            hostname_tag_configured: config.hostname_tag.is_some(),
             hostname: hostname.split('.').next().unwrap_or(hostname).to_owned(),
             interval_ns,
             interval_timestamp: config.interval_timestamp,
@@ -289,6 +330,7 @@ impl Router {
             cache_start: None,
             logged: HashSet::new(),
             counters: RouterCounters::default(),
+            stats: Arc::default(),
             topology,
         })
     }
@@ -296,12 +338,22 @@ impl Router {
     /// Whether the router changes anything; when not, batches pass untouched (and are not
     /// even decoded).
     pub fn is_active(&self) -> bool {
-        !self.processor.is_empty() || self.interval_timestamp || !self.aggregates.is_empty()
+        // The plugins tag `hostname` themselves, so the default hostname rule alone changes
+        // nothing worth decoding every batch for; a configured `hostname_tag` does.
+        !self.processor.is_empty()
+            || self.interval_timestamp
+            || !self.aggregates.is_empty()
+            || self.hostname_tag_configured
     }
 
     /// The counters so far.
     pub fn counters(&self) -> RouterCounters {
         self.counters
+    }
+
+    /// The counters shared with readers on other tasks (`/metrics`).
+    pub fn stats(&self) -> Arc<RouterStats> {
+        self.stats.clone()
     }
 
     /// The interval length in nanoseconds.
@@ -369,6 +421,7 @@ impl Router {
             self.cache_point(msg);
         }
         out.lines.extend_from_slice(enc.bytes());
+        self.stats.publish(&self.counters);
         out
     }
 
@@ -452,6 +505,7 @@ impl Router {
             }
         }
         out.lines = enc.take();
+        self.stats.publish(&self.counters);
         out
     }
 

@@ -390,7 +390,11 @@ fn an_unknown_router_key_is_refused() {
 #[test]
 fn an_empty_router_changes_nothing_and_is_left_out() {
     assert!(!router(json!({})).is_active());
-    assert!(!router(json!({"max_forward": 10, "hostname_tag": "host"})).is_active());
+    assert!(!router(json!({"max_forward": 10})).is_active());
+    // A hostname tag of its own is a change: points get that tag.
+    let mut r = router(json!({"hostname_tag": "host"}));
+    assert!(r.is_active());
+    assert_eq!(route(&mut r, "a,hostname=x value=1 1\n"), ["a,host=node01,hostname=x value=1 1"]);
 }
 
 // ---- cc-lib's message processor README ----
@@ -625,6 +629,9 @@ fn unsupported_constructs_are_refused_naming_them_and_the_expression() {
         ("value ** 2 > 4", "\"**\""),
         ("value > 1 ? true : false", "\"?\" (the conditional"),
         ("now() > 0", "unsupported function now()"),
+        // Once an endless loop of empty names: the lexer did not move past a `$`.
+        ("$env.name == 'x'", "$env"),
+        ("name == $", "$env"),
         ("name[0:2] == 'cp'", "slices"),
         ("tag[name] == 'x'", "literal key"),
         ("name matches tag.pattern", "literal"),
