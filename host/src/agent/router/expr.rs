@@ -240,8 +240,8 @@ enum Tok {
 
 fn lex(src: &str) -> Result<Vec<Tok>, String> {
     const OPS: [&str; 23] = [
-        "==", "!=", "<=", ">=", "&&", "||", "**", "??", "?.", "..", "<", ">", "!", "(", ")",
-        "[", "]", ",", "+", "-", "*", "/", "%",
+        "==", "!=", "<=", ">=", "&&", "||", "**", "??", "?.", "..", "<", ">", "!", "(", ")", "[",
+        "]", ",", "+", "-", "*", "/", "%",
     ];
     let b = src.as_bytes();
     let mut out = Vec::new();
@@ -643,10 +643,7 @@ impl Parser<'_> {
             }
             "values" if self.mode == Mode::Aggregate => Var::Values,
             _ => {
-                if let Some(k) = id
-                    .strip_prefix("tags_")
-                    .or_else(|| id.strip_prefix("tag_"))
-                {
+                if let Some(k) = id.strip_prefix("tags_").or_else(|| id.strip_prefix("tag_")) {
                     Var::Tag(canonical_key(k))
                 } else if let Some(k) = id
                     .strip_prefix("fields_")
@@ -657,7 +654,10 @@ impl Parser<'_> {
                     Var::Meta(k.to_owned())
                 } else if id == "in" || id == "matches" || id == "and" || id == "or" {
                     return Err(format!("{id:?} needs a left operand"));
-                } else if matches!(id.as_str(), "let" | "if" | "else" | "filter" | "map" | "all" | "any" | "none" | "one") {
+                } else if matches!(
+                    id.as_str(),
+                    "let" | "if" | "else" | "filter" | "map" | "all" | "any" | "none" | "one"
+                ) {
                     return Err(format!("unsupported construct {id:?}"));
                 } else {
                     Var::Bare(id)
@@ -677,7 +677,9 @@ impl Parser<'_> {
                 return Ok(args);
             }
             if !self.eat_op(",") {
-                return Err(format!("expected \",\" or \")\" in the arguments of {name}"));
+                return Err(format!(
+                    "expected \",\" or \")\" in the arguments of {name}"
+                ));
             }
         }
     }
@@ -733,7 +735,10 @@ impl Parser<'_> {
         if let Some((f, arity)) = topo {
             let args = self.args(name)?;
             if args.len() != arity {
-                return Err(format!("{name}() takes {arity} argument(s), not {}", args.len()));
+                return Err(format!(
+                    "{name}() takes {arity} argument(s), not {}",
+                    args.len()
+                ));
             }
             if f == TopoFn::ListOfType
                 && let Expr::Lit(Value::Str(level)) = &args[0]
@@ -881,7 +886,10 @@ impl Expr {
 fn id_arg(v: &Value) -> Result<i64, EvalError> {
     match v.as_num() {
         Some(n) if n.fract() == 0.0 && n.abs() < 1e15 => Ok(n as i64),
-        _ => Err(EvalError(format!("a {} is not a CPU topology number", v.kind()))),
+        _ => Err(EvalError(format!(
+            "a {} is not a CPU topology number",
+            v.kind()
+        ))),
     }
 }
 
@@ -892,7 +900,8 @@ fn topology(f: TopoFn, args: &[Expr], scope: &dyn Scope) -> Result<Value, EvalEr
     }
     let empty = Topology::default();
     let topo = scope.topology().unwrap_or(&empty);
-    let list = |cpus: Vec<i64>| Value::List(cpus.into_iter().map(|c| Value::Num(c as f64)).collect());
+    let list =
+        |cpus: Vec<i64>| Value::List(cpus.into_iter().map(|c| Value::Num(c as f64)).collect());
     Ok(match (f, vals.as_slice()) {
         (TopoFn::List, []) => list(topo.cpus_of(Level::Node, 0)),
         (TopoFn::ListOfType, [level, id]) => {
@@ -915,7 +924,11 @@ fn topology(f: TopoFn, args: &[Expr], scope: &dyn Scope) -> Result<Value, EvalEr
         (TopoFn::LevelOf(level), [cpu]) => topo
             .level_of(id_arg(cpu)?, level)
             .map_or(Value::Nil, |n| Value::Num(n as f64)),
-        _ => return Err(EvalError("a topology function with the wrong arguments".into())),
+        _ => {
+            return Err(EvalError(
+                "a topology function with the wrong arguments".into(),
+            ));
+        }
     })
 }
 
@@ -1047,7 +1060,11 @@ fn aggregate(agg: Agg, v: Value) -> Result<Value, EvalError> {
     }
     if agg == Agg::Count || (agg == Agg::Sum && nums.is_empty()) {
         // An empty sum is 0 (a metric of `sum(a) - sum(b)` that did not come this interval).
-        return Ok(Value::Num(if agg == Agg::Count { nums.len() as f64 } else { 0.0 }));
+        return Ok(Value::Num(if agg == Agg::Count {
+            nums.len() as f64
+        } else {
+            0.0
+        }));
     }
     if nums.is_empty() {
         return Err(EvalError("no values to aggregate".into()));

@@ -139,10 +139,9 @@ impl Scope for MessageScope<'_> {
         let text = |s: Option<&str>| s.map_or(Value::Nil, |s| Value::Str(s.to_owned()));
         match var {
             Var::Name => Value::Str(m.name().to_owned()),
-            Var::Time => m
-                .point
-                .time
-                .map_or(Value::Nil, |ns| Value::Num(ns.div_euclid(1_000_000_000) as f64)),
+            Var::Time => m.point.time.map_or(Value::Nil, |ns| {
+                Value::Num(ns.div_euclid(1_000_000_000) as f64)
+            }),
             Var::MessageType => Value::Str(m.message_type().to_owned()),
             Var::Tag(k) => text(m.tag(k)),
             Var::Meta(k) => text(m.meta.get(k).map(String::as_str)),

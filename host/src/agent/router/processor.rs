@@ -160,19 +160,47 @@ const STAGES: [(Stage, &str, &str); 19] = [
     (Stage::DropIf, "drop_if", "drop_messages_if"),
     (Stage::AddTag, "add_tag", "add_tags_if"),
     (Stage::DeleteTag, "delete_tag", "delete_tags_if"),
-    (Stage::MoveTagToMeta, "move_tag_to_meta", "move_tag_to_meta_if"),
-    (Stage::MoveTagToField, "move_tag_to_fields", "move_tag_to_field_if"),
+    (
+        Stage::MoveTagToMeta,
+        "move_tag_to_meta",
+        "move_tag_to_meta_if",
+    ),
+    (
+        Stage::MoveTagToField,
+        "move_tag_to_fields",
+        "move_tag_to_field_if",
+    ),
     (Stage::AddMeta, "add_meta", "add_meta_if"),
     (Stage::DeleteMeta, "delete_meta", "delete_meta_if"),
-    (Stage::MoveMetaToTag, "move_meta_to_tags", "move_meta_to_tag_if"),
-    (Stage::MoveMetaToField, "move_meta_to_fields", "move_meta_to_field_if"),
+    (
+        Stage::MoveMetaToTag,
+        "move_meta_to_tags",
+        "move_meta_to_tag_if",
+    ),
+    (
+        Stage::MoveMetaToField,
+        "move_meta_to_fields",
+        "move_meta_to_field_if",
+    ),
     (Stage::AddField, "add_field", "add_field_if"),
     (Stage::DeleteField, "delete_field", "delete_field_if"),
-    (Stage::MoveFieldToTag, "move_field_to_tags", "move_field_to_tag_if"),
-    (Stage::MoveFieldToMeta, "move_field_to_meta", "move_field_to_meta_if"),
+    (
+        Stage::MoveFieldToTag,
+        "move_field_to_tags",
+        "move_field_to_tag_if",
+    ),
+    (
+        Stage::MoveFieldToMeta,
+        "move_field_to_meta",
+        "move_field_to_meta_if",
+    ),
     (Stage::Rename, "rename", "rename_messages"),
     (Stage::RenameIf, "rename_if", "rename_messages_if"),
-    (Stage::ChangeUnitPrefix, "change_unit_prefix", "change_unit_prefix"),
+    (
+        Stage::ChangeUnitPrefix,
+        "change_unit_prefix",
+        "change_unit_prefix",
+    ),
     (Stage::NormalizeUnit, "normalize_unit", "normalize_units"),
 ];
 
@@ -285,9 +313,10 @@ impl Processor {
         } else {
             let mut v = Vec::new();
             for (i, name) in config.stage_order.iter().enumerate() {
-                v.push(Stage::parse(name).ok_or_else(|| {
-                    format!("{at}.stage_order[{i}]: unknown stage {name:?}")
-                })?);
+                v.push(
+                    Stage::parse(name)
+                        .ok_or_else(|| format!("{at}.stage_order[{i}]: unknown stage {name:?}"))?,
+                );
             }
             v
         };
@@ -404,7 +433,8 @@ impl Processor {
         r: &KeyRuleConfig,
         rule: &str,
     ) -> Result<(), String> {
-        if kind == "delete_field_if" && matches!(r.key.as_str(), "value" | "event" | "log" | "control")
+        if kind == "delete_field_if"
+            && matches!(r.key.as_str(), "value" | "event" | "log" | "control")
         {
             return Err(format!(
                 "{rule}: the field {:?} makes a message what it is and cannot be deleted",
@@ -416,7 +446,9 @@ impl Processor {
         }
         let moves = kind.starts_with("move_");
         if (moves || kind == "add_tags_if") && r.value.is_empty() {
-            return Err(format!("{rule}: value is empty (a tag value, or the destination key of a move)"));
+            return Err(format!(
+                "{rule}: value is empty (a tag value, or the destination key of a move)"
+            ));
         }
         let cond = Condition::parse(&r.condition, rule)?;
         self.rules.entry(kind).or_default().push(KeyRule {

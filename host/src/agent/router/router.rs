@@ -302,8 +302,8 @@ impl Router {
             if !names.insert(a.name.clone()) {
                 return Err(format!("{at}: a second aggregate named {:?}", a.name));
             }
-            let function =
-                Expr::parse(&a.function, Mode::Aggregate).map_err(|e| format!("{at}.function: {e}"))?;
+            let function = Expr::parse(&a.function, Mode::Aggregate)
+                .map_err(|e| format!("{at}.function: {e}"))?;
             aggregates.push(Aggregate {
                 name: a.name.clone(),
                 cond: Condition::parse(&a.condition, &format!("{at}.if"))?,
@@ -449,11 +449,10 @@ impl Router {
             return;
         }
         let empty = BTreeMap::new();
-        let wanted = self.aggregates.iter().any(|a| {
-            a.cond
-                .test(&msg, &empty, &self.topology)
-                .unwrap_or(false)
-        });
+        let wanted = self
+            .aggregates
+            .iter()
+            .any(|a| a.cond.test(&msg, &empty, &self.topology).unwrap_or(false));
         if !wanted {
             return;
         }

@@ -29,8 +29,12 @@ fn topology() -> Topology {
 
 fn router(config: Json) -> Router {
     let config: RouterConfig = serde_json::from_value(config).expect("router config parses");
-    Router::with_topology(&config, "node01.example.org", std::sync::Arc::new(topology()))
-        .expect("router compiles")
+    Router::with_topology(
+        &config,
+        "node01.example.org",
+        std::sync::Arc::new(topology()),
+    )
+    .expect("router compiles")
 }
 
 fn refused(config: Json) -> String {
@@ -202,14 +206,26 @@ fn the_topology_example_drops_the_hardware_threads_of_socket_one() {
 fn the_topology_functions_read_the_topology() {
     let line = "cpu_user,type=hwthread,type-id=5 value=1 1";
     for (cond, want) in [
-        ("getCpuSocket(5) == 1 && getCpuCore(type-id) == 2 && getCpuNuma(0) == 0", true),
+        (
+            "getCpuSocket(5) == 1 && getCpuCore(type-id) == 2 && getCpuNuma(0) == 0",
+            true,
+        ),
         ("getCpuDie(7) == 1 && getCpuSocket(99) == nil", true),
         ("len(getCpuList()) == 8 && 7 in getCpuList()", true),
-        ("type-id in getSockCpuList(1) && type-id in getNumaCpuList(1)", true),
-        ("type-id in getDieCpuList(0) || type-id in getCoreCpuList(0)", false),
+        (
+            "type-id in getSockCpuList(1) && type-id in getNumaCpuList(1)",
+            true,
+        ),
+        (
+            "type-id in getDieCpuList(0) || type-id in getCoreCpuList(0)",
+            false,
+        ),
         ("getCoreCpuList(2) == [4, 5]", true),
         ("type-id in getCpuListOfType('node', 0)", true),
-        ("type-id in getCpuListOfType('core', 2) && type-id in getCpuListOfType('hwthread', 5)", true),
+        (
+            "type-id in getCpuListOfType('core', 2) && type-id in getCpuListOfType('hwthread', 5)",
+            true,
+        ),
     ] {
         assert_eq!(condition(cond, line), want, "{cond}");
     }
@@ -218,8 +234,17 @@ fn the_topology_functions_read_the_topology() {
 #[test]
 fn rename_metrics_renames_by_name() {
     let mut r = router(json!({"rename_metrics": {"oldname" : "newname", "clock_mhz" : "clock"}}));
-    let out = route(&mut r, "clock_mhz,hostname=h value=2400 1\nother,hostname=h value=1 1\n");
-    assert_eq!(out, ["clock,hostname=h value=2400 1", "other,hostname=h value=1 1"]);
+    let out = route(
+        &mut r,
+        "clock_mhz,hostname=h value=2400 1\nother,hostname=h value=1 1\n",
+    );
+    assert_eq!(
+        out,
+        [
+            "clock,hostname=h value=2400 1",
+            "other,hostname=h value=1 1"
+        ]
+    );
 }
 
 #[test]
@@ -243,11 +268,15 @@ fn add_tags_turn_a_node_temperature_into_a_socket_one() {
 
 #[test]
 fn add_tags_with_the_wildcard_tag_every_metric() {
-    let mut r = router(json!({"add_tags": [{"key" : "cluster", "value" : "testcluster", "if" : "*"}]}));
+    let mut r =
+        router(json!({"add_tags": [{"key" : "cluster", "value" : "testcluster", "if" : "*"}]}));
     let out = route(&mut r, "a,hostname=h value=1 1\nb,hostname=h value=2 1\n");
     assert_eq!(
         out,
-        ["a,cluster=testcluster,hostname=h value=1 1", "b,cluster=testcluster,hostname=h value=2 1"]
+        [
+            "a,cluster=testcluster,hostname=h value=1 1",
+            "b,cluster=testcluster,hostname=h value=2 1"
+        ]
     );
 }
 
@@ -377,7 +406,9 @@ fn the_mem_used_aggregate_sums_metrics_by_name() {
 
 #[test]
 fn aggregates_without_cache_intervals_are_refused() {
-    let e = refused(json!({"interval_aggregates": [{"name": "x", "if": "true", "function": "sum(values)"}]}));
+    let e = refused(
+        json!({"interval_aggregates": [{"name": "x", "if": "true", "function": "sum(values)"}]}),
+    );
     assert!(e.contains("num_cache_intervals"), "{e}");
 }
 
@@ -394,7 +425,10 @@ fn an_empty_router_changes_nothing_and_is_left_out() {
     // A hostname tag of its own is a change: points get that tag.
     let mut r = router(json!({"hostname_tag": "host"}));
     assert!(r.is_active());
-    assert_eq!(route(&mut r, "a,hostname=x value=1 1\n"), ["a,host=node01,hostname=x value=1 1"]);
+    assert_eq!(
+        route(&mut r, "a,hostname=x value=1 1\n"),
+        ["a,host=node01,hostname=x value=1 1"]
+    );
 }
 
 // ---- cc-lib's message processor README ----
@@ -437,7 +471,10 @@ fn readme_processor() -> Json {
 #[test]
 fn the_processor_readme_example_runs_only_the_stages_it_orders() {
     let p = processor(readme_processor());
-    assert_eq!(process(&p, "name_of_message_to_drop,type=node value=1 1"), None);
+    assert_eq!(
+        process(&p, "name_of_message_to_drop,type=node value=1 1"),
+        None
+    );
     // drop_by_message_type would drop every metric, but stage_order leaves it out.
     let kept = process(&p, "drop_this,type=node value=1 1").expect("kept");
     assert_eq!(kept.name(), "drop_this");
@@ -450,8 +487,16 @@ fn the_processor_readme_example_runs_only_the_stages_it_orders() {
 #[test]
 fn the_readme_drop_conditions_each_drop_what_they_say() {
     for (cond, dropped, kept) in [
-        ("name == 'drop_this'", "drop_this value=1 1", "keep_this value=1 1"),
-        ("tag.hostname == 'this_host'", "m,hostname=this_host value=1 1", "m,hostname=other value=1 1"),
+        (
+            "name == 'drop_this'",
+            "drop_this value=1 1",
+            "keep_this value=1 1",
+        ),
+        (
+            "tag.hostname == 'this_host'",
+            "m,hostname=this_host value=1 1",
+            "m,hostname=other value=1 1",
+        ),
         ("meta.unit != 'MB'", "m value=1 1", "never"),
     ] {
         let p = processor(json!({"drop_messages_if": [cond]}));
@@ -541,7 +586,10 @@ fn units_of_events_are_left_alone() {
 #[test]
 fn an_empty_new_name_is_refused_naming_the_rule() {
     let e = refused(json!({"rename_metrics": {"a": ""}}));
-    assert!(e.starts_with("router.rename_metrics[\"a\"]: the new name is empty"), "{e}");
+    assert!(
+        e.starts_with("router.rename_metrics[\"a\"]: the new name is empty"),
+        "{e}"
+    );
     let e = refused(json!({"process_messages": {"rename_messages_if": {"true": ""}}}));
     assert!(e.contains("rename_messages_if[\"true\"]"), "{e}");
 }
@@ -549,9 +597,13 @@ fn an_empty_new_name_is_refused_naming_the_rule() {
 #[test]
 fn deleting_a_message_defining_field_is_refused_at_configuration() {
     let config: ProcessorConfig =
-        serde_json::from_value(json!({"delete_field_if": [{"if": "true", "key": "value"}]})).unwrap();
+        serde_json::from_value(json!({"delete_field_if": [{"if": "true", "key": "value"}]}))
+            .unwrap();
     let e = Processor::new(&config, "process_messages").unwrap_err();
-    assert!(e.contains("delete_field_if[0]") && e.contains("\"value\""), "{e}");
+    assert!(
+        e.contains("delete_field_if[0]") && e.contains("\"value\""),
+        "{e}"
+    );
 }
 
 #[test]
@@ -561,7 +613,11 @@ fn drop_by_message_type_drops_events_but_keeps_metrics() {
     assert!(process(&p, "load,type=node value=1 1").is_some());
     let config: ProcessorConfig =
         serde_json::from_value(json!({"drop_by_message_type": ["metrics"]})).unwrap();
-    assert!(Processor::new(&config, "p").unwrap_err().contains("\"metrics\""));
+    assert!(
+        Processor::new(&config, "p")
+            .unwrap_err()
+            .contains("\"metrics\"")
+    );
 }
 
 #[test]
@@ -597,10 +653,22 @@ fn the_documented_syntax_evaluates() {
         ("name == 'cpu_user'", true),
         ("timestamp == 1700000000 && time == 1700000000", true),
         ("type == 'hwthread' and type-id == '3'", true),
-        ("tag_type == 'hwthread' && tag_type-id == 3 && tag_typeid == 3", true),
-        ("stype == 'core' && stype-id == 1 && tag_stypeid == '1'", true),
-        ("tags.hostname == 'n1' && tags_hostname == 'n1' && tag['hostname'] == 'n1'", true),
-        ("value == 12.5 && field_value > 12 && fields.extra == 'x' && field.value <= 12.5", true),
+        (
+            "tag_type == 'hwthread' && tag_type-id == 3 && tag_typeid == 3",
+            true,
+        ),
+        (
+            "stype == 'core' && stype-id == 1 && tag_stypeid == '1'",
+            true,
+        ),
+        (
+            "tags.hostname == 'n1' && tags_hostname == 'n1' && tag['hostname'] == 'n1'",
+            true,
+        ),
+        (
+            "value == 12.5 && field_value > 12 && fields.extra == 'x' && field.value <= 12.5",
+            true,
+        ),
         ("messagetype == 'metric' && msgtype != 'event'", true),
         ("name matches '^cpu_%w+$'", true),
         ("name matches '^mem'", false),
@@ -610,8 +678,14 @@ fn the_documented_syntax_evaluates() {
         ("!(value >= 13)", true),
         ("(value * 2 + 1) / 2 - 0.5 == 12.5 && 7 % 4 == 3", true),
         ("meta.unit == nil && meta_unit != 'MB'", true),
-        ("name startsWith 'cpu' && name endsWith 'user' && name contains 'u_u'", true),
-        ("msg.HasTag('hostname') && !metric.HasTag('cluster') && !msg.HasMeta('unit')", true),
+        (
+            "name startsWith 'cpu' && name endsWith 'user' && name contains 'u_u'",
+            true,
+        ),
+        (
+            "msg.HasTag('hostname') && !metric.HasTag('cluster') && !msg.HasMeta('unit')",
+            true,
+        ),
         ("metric.HasField('extra') && len(name) == 8", true),
         ("true", true),
         ("*", true),
@@ -624,7 +698,10 @@ fn the_documented_syntax_evaluates() {
 #[test]
 fn unsupported_constructs_are_refused_naming_them_and_the_expression() {
     for (src, names) in [
-        ("getCpuListOfType('board', 1)", "\"board\" is not node, socket"),
+        (
+            "getCpuListOfType('board', 1)",
+            "\"board\" is not node, socket",
+        ),
         ("getCpuList(1)", "takes 0 argument"),
         ("value ** 2 > 4", "\"**\""),
         ("value > 1 ? true : false", "\"?\" (the conditional"),
@@ -655,7 +732,10 @@ fn a_bad_condition_names_its_rule_in_the_configuration_error() {
         {"if": "true", "key": "a", "value": "b"},
         {"if": "name === 'x'", "key": "a", "value": "b"}
     ]}}));
-    assert!(e.starts_with("router.process_messages.add_tags_if[1]: expression"), "{e}");
+    assert!(
+        e.starts_with("router.process_messages.add_tags_if[1]: expression"),
+        "{e}"
+    );
     let e = refused(json!({"drop_metrics_if": ["now() > 0"]}));
     assert!(e.starts_with("router.drop_metrics_if[0]"), "{e}");
 }
@@ -667,7 +747,10 @@ fn a_condition_failing_on_one_point_drops_that_point_only() {
         b"a,hostname=h value=\"text\" 1\nb,hostname=h value=5 1\nc,hostname=h value=50 1\n",
         NOW,
     );
-    assert_eq!(String::from_utf8(out.lines).unwrap(), "b,hostname=h value=5 1\n");
+    assert_eq!(
+        String::from_utf8(out.lines).unwrap(),
+        "b,hostname=h value=5 1\n"
+    );
     assert_eq!((out.points, out.dropped, out.failed), (1, 1, 1));
     assert_eq!(r.counters().failed, 1);
 }
@@ -687,7 +770,12 @@ fn deep_nesting_is_refused_not_overflowed() {
         for (open, close) in [("(", ")"), ("[", "]"), ("!", ""), ("-", ""), ("not ", "")] {
             let src = format!("{}1{}", open.repeat(depth), close.repeat(depth));
             if src.len() > super::expr::MAX_LEN {
-                assert!(Expr::parse(&src, Mode::Condition).unwrap_err().why.contains("longer"));
+                assert!(
+                    Expr::parse(&src, Mode::Condition)
+                        .unwrap_err()
+                        .why
+                        .contains("longer")
+                );
                 continue;
             }
             let e = Expr::parse(&src, Mode::Condition).unwrap_err();
@@ -704,10 +792,54 @@ fn deep_nesting_is_refused_not_overflowed() {
 #[test]
 fn no_input_makes_the_parser_or_evaluator_panic() {
     let pieces = [
-        "(", ")", "[", "]", "'", "\"", "\\", "%", "!", "-", "+", "*", "/", "==", "!=", "<", ">=",
-        "&&", "||", " and ", " or ", " not ", " in ", " matches ", "name", "tag.", "tags_",
-        "type-id", "meta.x", "value", "1", "1e308", "0.5", "1e999", ",", ".", "match(", "len(",
-        "avg(", "msg.HasTag(", "metric.Name()", "é", "\u{0}", "?", "true", "nil", "values", " ",
+        "(",
+        ")",
+        "[",
+        "]",
+        "'",
+        "\"",
+        "\\",
+        "%",
+        "!",
+        "-",
+        "+",
+        "*",
+        "/",
+        "==",
+        "!=",
+        "<",
+        ">=",
+        "&&",
+        "||",
+        " and ",
+        " or ",
+        " not ",
+        " in ",
+        " matches ",
+        "name",
+        "tag.",
+        "tags_",
+        "type-id",
+        "meta.x",
+        "value",
+        "1",
+        "1e308",
+        "0.5",
+        "1e999",
+        ",",
+        ".",
+        "match(",
+        "len(",
+        "avg(",
+        "msg.HasTag(",
+        "metric.Name()",
+        "é",
+        "\u{0}",
+        "?",
+        "true",
+        "nil",
+        "values",
+        " ",
     ];
     let line = message("m,type=node,type-id=1 value=2,s=\"x\" 1");
     let env = Default::default();
@@ -728,7 +860,9 @@ fn no_input_makes_the_parser_or_evaluator_panic() {
         let len = (state % 12) as usize + 1;
         let mut s = state;
         for _ in 0..len {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             src.push_str(pieces[(s >> 33) as usize % pieces.len()]);
         }
         for mode in [Mode::Condition, Mode::Aggregate] {
@@ -738,16 +872,71 @@ fn no_input_makes_the_parser_or_evaluator_panic() {
             }
         }
     }
-    assert!(parsed > 100, "the walk should reach valid expressions too ({parsed})");
+    assert!(
+        parsed > 100,
+        "the walk should reach valid expressions too ({parsed})"
+    );
 }
 
 const PIECES: [&str; 58] = [
-    "(", ")", "[", "]", "'", "\"", "\\", "%", "!", "-", "+", "*", "/", "==", "!=", "<", ">=",
-    "&&", "||", " and ", " or ", " not ", " in ", " matches ", "name", "tag.", "tags_",
-    "type-id", "meta.x", "value", "1", "1e308", "0.5", "1e999", ",", ".", "match(", "len(",
-    "avg(", "msg.HasTag(", "metric.Name()", "é", "\u{0}", "?", "true", "nil", "values", " ",
-    "getCpuListOfType(", "getCpuList()", "getCpuCore(", "'socket'", "'node'", "-1",
-    "9007199254740993", "s", "x", "contains",
+    "(",
+    ")",
+    "[",
+    "]",
+    "'",
+    "\"",
+    "\\",
+    "%",
+    "!",
+    "-",
+    "+",
+    "*",
+    "/",
+    "==",
+    "!=",
+    "<",
+    ">=",
+    "&&",
+    "||",
+    " and ",
+    " or ",
+    " not ",
+    " in ",
+    " matches ",
+    "name",
+    "tag.",
+    "tags_",
+    "type-id",
+    "meta.x",
+    "value",
+    "1",
+    "1e308",
+    "0.5",
+    "1e999",
+    ",",
+    ".",
+    "match(",
+    "len(",
+    "avg(",
+    "msg.HasTag(",
+    "metric.Name()",
+    "é",
+    "\u{0}",
+    "?",
+    "true",
+    "nil",
+    "values",
+    " ",
+    "getCpuListOfType(",
+    "getCpuList()",
+    "getCpuCore(",
+    "'socket'",
+    "'node'",
+    "-1",
+    "9007199254740993",
+    "s",
+    "x",
+    "contains",
 ];
 
 proptest::proptest! {

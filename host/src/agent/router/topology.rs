@@ -185,6 +185,9 @@ mod tests {
         assert_eq!(t.cpus_of(Level::Core, 1), [1, 3]);
         assert_eq!(t.level_of(2, Level::Socket), Some(1));
         assert_eq!(t.level_of(9, Level::Socket), None);
-        assert_eq!(Topology::read(&dir.path().join("missing")), Topology::default());
+        assert_eq!(
+            Topology::read(&dir.path().join("missing")),
+            Topology::default()
+        );
     }
 }

@@ -117,7 +117,10 @@ impl Measure {
                 (Measure::Cycles, "^([cC][yY][cC]?[lL]?[eE]?[sS]?)"),
                 (Measure::Watt, "^([wW][aA]?[tT]?[tT]?[sS]?)"),
                 (Measure::Joule, "^([jJ][oO]?[uU]?[lL]?[eE]?[sS]?)"),
-                (Measure::Requests, "^([rR][eE][qQ][uU]?[eE]?[sS]?[tT]?[sS]?)"),
+                (
+                    Measure::Requests,
+                    "^([rR][eE][qQ][uU]?[eE]?[sS]?[tT]?[sS]?)",
+                ),
                 (Measure::Packets, "^([pP][aA]?[cC]?[kK][eE]?[tT][sS]?)"),
                 (Measure::Events, "^([eE][vV]?[eE]?[nN][tT][sS]?)"),
             ]
@@ -125,10 +128,7 @@ impl Measure {
             .filter_map(|(m, re)| Regex::new(re).ok().map(|re| (m, re)))
             .collect()
         });
-        TABLE
-            .iter()
-            .find(|(_, re)| re.is_match(s))
-            .map(|(m, _)| *m)
+        TABLE.iter().find(|(_, re)| re.is_match(s)).map(|(m, _)| *m)
     }
 }
 
