@@ -620,7 +620,7 @@ impl Parser<'_> {
                 return Err(format!("unsupported access after {id}.{key}"));
             }
             return Ok(Expr::Var(match place {
-                Place::Tag => Var::Tag(key),
+                Place::Tag => Var::Tag(canonical_key(&key)),
                 Place::Field => Var::Field(key),
                 Place::Meta => Var::Meta(key),
             }));
@@ -642,6 +642,8 @@ impl Parser<'_> {
                 }
             }
             "values" if self.mode == Mode::Aggregate => Var::Values,
+            // cc-lib's spelling of the tags `type-id` and `stype-id`.
+            "typeid" | "stypeid" => Var::Tag(canonical_key(&id)),
             _ => {
                 if let Some(k) = id.strip_prefix("tags_").or_else(|| id.strip_prefix("tag_")) {
                     Var::Tag(canonical_key(k))

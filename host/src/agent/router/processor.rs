@@ -101,8 +101,8 @@ pub struct ProcessorConfig {
     /// Field `key` to meta `value`.
     #[serde(default)]
     pub move_field_to_meta_if: Vec<KeyRuleConfig>,
-    /// Constants conditions may name (numbers and strings; nested objects are ignored, as
-    /// in cc-lib).
+    /// Constants conditions may name: numbers, strings and booleans. cc-lib also takes
+    /// nested objects, which only its member access can read; they are refused here.
     #[serde(default)]
     pub add_base_env: BTreeMap<String, serde_json::Value>,
     /// Keys cc-lib ignores too (its README's example carries one); named in a warning.
@@ -371,9 +371,12 @@ impl Processor {
             }
         }
         for (k, v) in &config.add_base_env {
-            if let Some(v) = env_value(v) {
-                p.env.insert(k.clone(), v);
-            }
+            let v = env_value(v).ok_or_else(|| {
+                format!(
+                    "{at}.add_base_env.{k}: only numbers, strings and booleans are supported as constants"
+                )
+            })?;
+            p.env.insert(k.clone(), v);
         }
         Ok(p)
     }

@@ -632,6 +632,18 @@ fn base_env_constants_are_usable_in_conditions() {
 }
 
 #[test]
+fn a_nested_base_env_object_is_refused_naming_it() {
+    let config: ProcessorConfig =
+        serde_json::from_value(json!({"add_base_env": {"ok": 1, "limits": {"temp": 90}}}))
+            .unwrap();
+    let e = Processor::new(&config, "process_messages").unwrap_err();
+    assert!(
+        e.starts_with("process_messages.add_base_env.limits: only numbers"),
+        "{e}"
+    );
+}
+
+#[test]
 fn stage_order_takes_stage_names_and_refuses_unknown_ones() {
     // Rename first, then drop by the new name.
     let p = processor(json!({
@@ -659,6 +671,10 @@ fn the_documented_syntax_evaluates() {
         ),
         (
             "stype == 'core' && stype-id == 1 && tag_stypeid == '1'",
+            true,
+        ),
+        (
+            "tag.typeid == 3 && typeid == 3 && tags['type-id'] == 3 && stypeid == 1",
             true,
         ),
         (
