@@ -135,6 +135,12 @@ pub trait Scope {
     fn topology(&self) -> Option<&Topology> {
         None
     }
+    /// The text `var` stands for, borrowed rather than copied: `Some(None)` when it is
+    /// missing, `None` when [`Scope::get`] must decide (a field, a bare name, values).
+    /// Comparisons of a name or tag with a literal, most conditions, take this path.
+    fn text(&self, _var: &Var) -> Option<Option<&str>> {
+        None
+    }
 }
 
 /// The topology functions of cc-metric-collector's conditions.
@@ -853,11 +859,20 @@ impl Expr {
                 None => return err("- of a non-number".into()),
             },
             Expr::Has(place, key) => Value::Bool(scope.has(*place, key)),
-            Expr::Matches(e, re) => match e.eval(scope)? {
-                Value::Str(s) => Value::Bool(re.is_match(&s)),
-                Value::Nil => Value::Bool(false),
-                other => Value::Bool(re.is_match(&other.to_string())),
-            },
+            Expr::Matches(e, re) => {
+                let borrowed = match &**e {
+                    Expr::Var(v) => scope.text(v),
+                    _ => None,
+                };
+                match borrowed {
+                    Some(text) => Value::Bool(text.is_some_and(|t| re.is_match(t))),
+                    None => match e.eval(scope)? {
+                        Value::Str(s) => Value::Bool(re.is_match(&s)),
+                        Value::Nil => Value::Bool(false),
+                        other => Value::Bool(re.is_match(&other.to_string())),
+                    },
+                }
+            }
             Expr::Len(e) => match e.eval(scope)? {
                 Value::Str(s) => Value::Num(s.chars().count() as f64),
                 Value::List(l) => Value::Num(l.len() as f64),
@@ -968,6 +983,21 @@ fn binary(op: BinOp, l: &Expr, r: &Expr, scope: &dyn Scope) -> Result<Value, Eva
                 want_bool(l.eval(scope)?, "the left side")?
                     && want_bool(r.eval(scope)?, "the right side")?,
             ));
+        }
+        BinOp::Eq | BinOp::Ne => {
+            // A string and a text compare as strings (`loose_eq`), so no copy is needed.
+            let pair = match (l, r) {
+                (Expr::Var(v), Expr::Lit(Value::Str(lit)))
+                | (Expr::Lit(Value::Str(lit)), Expr::Var(v)) => Some((v, lit)),
+                _ => None,
+            };
+            if let Some((v, lit)) = pair
+                && let Some(text) = scope.text(v)
+            {
+                return Ok(Value::Bool(
+                    (text == Some(lit.as_str())) == (op == BinOp::Eq),
+                ));
+            }
         }
         _ => {}
     }

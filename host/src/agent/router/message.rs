@@ -172,4 +172,15 @@ impl Scope for MessageScope<'_> {
     fn topology(&self) -> Option<&Topology> {
         Some(self.topology)
     }
+
+    fn text(&self, var: &Var) -> Option<Option<&str>> {
+        let m = self.msg;
+        Some(match var {
+            Var::Name => Some(m.name()),
+            Var::MessageType => Some(m.message_type()),
+            Var::Tag(k) => m.tag(k),
+            Var::Meta(k) => m.meta.get(k).map(String::as_str),
+            _ => return None,
+        })
+    }
 }

@@ -4,7 +4,7 @@
 
 use serde_json::{Value as Json, json};
 
-use super::expr::{Expr, MAX_DEPTH, Mode};
+use super::expr::{Expr, MAX_DEPTH, Mode, Place, Scope, Value, Var};
 use super::message::{Message, MessageScope};
 use super::processor::{Processor, ProcessorConfig};
 use super::topology::{HwThread, Topology};
@@ -634,8 +634,7 @@ fn base_env_constants_are_usable_in_conditions() {
 #[test]
 fn a_nested_base_env_object_is_refused_naming_it() {
     let config: ProcessorConfig =
-        serde_json::from_value(json!({"add_base_env": {"ok": 1, "limits": {"temp": 90}}}))
-            .unwrap();
+        serde_json::from_value(json!({"add_base_env": {"ok": 1, "limits": {"temp": 90}}})).unwrap();
     let e = Processor::new(&config, "process_messages").unwrap_err();
     assert!(
         e.starts_with("process_messages.add_base_env.limits: only numbers"),
@@ -894,7 +893,15 @@ fn no_input_makes_the_parser_or_evaluator_panic() {
     );
 }
 
-const PIECES: [&str; 58] = [
+const PIECES: [&str; 66] = [
+    "'m'",
+    "'node'",
+    "tag.type",
+    "type",
+    "meta.unit",
+    "msgtype",
+    " == ",
+    " != ",
     "(",
     ")",
     "[",
@@ -955,6 +962,37 @@ const PIECES: [&str; 58] = [
     "contains",
 ];
 
+const VARS: [&str; 12] = [
+    "name",
+    "type",
+    "tag.type",
+    "tags['type-id']",
+    "meta.unit",
+    "msgtype",
+    "messagetype",
+    "tag.missing",
+    "value",
+    "s",
+    "field.s",
+    "hostname",
+];
+const LITERALS: [&str; 7] = ["m", "node", "", "2", "x", "^m$", "metric"];
+
+/// A scope without [`Scope::text`], so every variable takes the general path.
+struct NoText<'a>(&'a MessageScope<'a>);
+
+impl Scope for NoText<'_> {
+    fn get(&self, var: &Var) -> Value {
+        self.0.get(var)
+    }
+    fn has(&self, place: Place, key: &str) -> bool {
+        self.0.has(place, key)
+    }
+    fn topology(&self) -> Option<&Topology> {
+        self.0.topology()
+    }
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
 
@@ -964,11 +1002,21 @@ proptest::proptest! {
     fn arbitrary_expressions_over_arbitrary_messages_never_panic(
         pieces in proptest::collection::vec(0..PIECES.len(), 1..14),
         raw in "\\PC{0,30}",
-        tags in proptest::collection::vec(("[a-z_-]{1,6}", "\\PC{1,8}"), 0..4),
+        tags in proptest::collection::vec(("type|type-id|hostname|[a-z_-]{1,6}", "node|2|m|\\PC{1,8}"), 0..4),
         value in proptest::prelude::any::<f64>(),
         text in "\\PC{0,10}",
+        comparisons in proptest::collection::vec((0..VARS.len(), 0..4usize, 0..LITERALS.len()), 1..4),
     ) {
         let src: String = pieces.iter().map(|&i| PIECES[i]).collect();
+        // Comparisons of the common form, `tag.type == 'node' && name matches 'm'`.
+        let compared = comparisons
+            .iter()
+            .map(|&(v, op, lit)| {
+                let op = ["==", "!=", "matches", "<"][op];
+                format!("{} {op} '{}'", VARS[v], LITERALS[lit])
+            })
+            .collect::<Vec<_>>()
+            .join(" && ");
         let mut point = ccfleet::lineproto::Point {
             measurement: "m".to_owned(),
             tags,
@@ -984,10 +1032,13 @@ proptest::proptest! {
         let env = Default::default();
         let topology = topology();
         let scope = MessageScope { msg: &msg, env: &env, topology: &topology };
-        for src in [src.as_str(), raw.as_str()] {
+        for src in [src.as_str(), raw.as_str(), compared.as_str()] {
             for mode in [Mode::Condition, Mode::Aggregate] {
                 if let Ok(e) = Expr::parse(src, mode) {
-                    let _ = e.eval(&scope);
+                    let fast = e.eval(&scope);
+                    // The borrowed-text shortcut gives what the general path gives.
+                    let general = e.eval(&NoText(&scope));
+                    proptest::prop_assert_eq!(format!("{fast:?}"), format!("{general:?}"), "{}", src);
                     let _ = e.eval_bool(&scope);
                 }
             }
