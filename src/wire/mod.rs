@@ -27,7 +27,7 @@ pub use heartbeat::{
 };
 pub use roster::{
     MAX_SUBJECT_TOKEN_LEN, ROSTER_SIGNATURE_HEADER, decode_roster, decode_roster_timed,
-    encode_roster, roster_signing_input, subject_token_problem,
+    encode_roster, encode_roster_line, roster_signing_input, subject_token_problem,
 };
 pub use service_type::{ProviderType, Scope, ServiceType};
 pub use types::{Provider, RegisterRequest, RegisterResponse};
