@@ -164,13 +164,14 @@ fn main() {
             filled.elapsed().as_secs_f64()
         );
         let interval = env_usize("ROSTER_INTERVAL_SECS", 15);
-        let config: ServerConfig = serde_json::from_value(serde_json::json!({
+        let config = ServerConfig::from_json(&serde_json::json!({
             "addr": "127.0.0.1:0",
             "disable-authentication": true,
             "db": db,
             "nats": {"address": nats.url()},
             "fleet": {"discovery-interval": format!("{interval}s"), "discovery-debounce": "10ms"}
-        }))
+        })
+        .to_string())
         .unwrap();
         let interval = Duration::from_secs(interval as u64);
         let client = reqwest::Client::new();

@@ -656,9 +656,7 @@ impl Publisher {
     /// The most bytes a roster may have: what agents accept by default
     /// (`roster-max-bytes`), and what NATS accepts less room for the signature header.
     fn limit(&self) -> usize {
-        let nats = usize::try_from(self.client.max_payload())
-            .unwrap_or(usize::MAX)
-            .saturating_sub(HEADER_ROOM);
+        let nats = self.client.max_payload().saturating_sub(HEADER_ROOM);
         ROSTER_LIMIT.min(nats)
     }
 
@@ -993,7 +991,7 @@ mod tests {
     fn members_with_the_most_metadata_are_left_out_until_the_roster_fits() {
         let big = "m".repeat(4000);
         let bigger = "m".repeat(5000);
-        let members = vec![
+        let members = [
             with_meta(
                 svc(Scope::Cluster, "c", "a", ServiceType::Backend),
                 &[("n", &big)],
