@@ -33,6 +33,7 @@ mod error;
 mod escape;
 mod float;
 mod format;
+mod kind;
 mod point;
 mod precision;
 mod scan;
@@ -47,13 +48,12 @@ pub use encoder::{EncodeError, Encoder, FieldRef};
 pub use error::{DecodeError, DecodeErrorKind};
 pub use point::{OwnedValue, Point, PointError};
 pub use precision::{Precision, PrecisionError};
-pub use token::{Token, TokenKind};
+pub use kind::TokenKind;
+pub use token::Token;
 pub use value::FieldValue;
 
-/// One unescaping implementation: appends the unescaped token to the string. Not a stable
-/// API.
 #[doc(hidden)]
-pub type UnescapeFn = fn(&str, TokenKind, &mut String);
+pub use simd::UnescapeFn;
 
 /// Every unescaping implementation this CPU can run (portable, SSE2, AVX2, AVX-512, NEON), by
 /// name: for differential tests and fuzzing, which compare them with each other. Not a

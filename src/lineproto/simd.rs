@@ -14,7 +14,7 @@
 //! picked once per process ([`unescape_into`]) or at compile time ([`scan_string`]: SSE2 is
 //! part of x86-64 and NEON of aarch64).
 
-use super::token::TokenKind;
+use super::kind::TokenKind;
 
 /// A block of input bytes and the masks the algorithms need.
 pub(crate) trait Block: Copy {
@@ -1075,7 +1075,9 @@ fn load_padded(src: &[u8], at: usize) -> u128 {
     }
 }
 
-pub(crate) use super::UnescapeFn;
+/// One unescaping implementation: appends the unescaped token to the string. Not a stable
+/// API.
+pub type UnescapeFn = fn(&str, TokenKind, &mut String);
 
 /// Appends the unescaped `raw` to `out`, using blocks of type `B`.
 ///

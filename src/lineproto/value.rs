@@ -1,6 +1,7 @@
 use super::error::DecodeErrorKind;
 use super::float;
-use super::token::{Token, TokenKind};
+use super::kind::TokenKind;
+use super::token::Token;
 
 /// A decoded field value; strings borrow from the input.
 #[derive(Debug, Clone, Copy, PartialEq)]
