@@ -10,10 +10,10 @@
 //! without their user information; plugin names come from the agent's own configuration and
 //! the revision is escaped and capped.
 
-use std::fmt::Write;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::fmt::Write;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::State;

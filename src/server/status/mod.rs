@@ -139,7 +139,7 @@ async fn instances(
     Ok(json_answer(&InstancesAnswer {
         now: super::registry::unix_seconds(),
         stale_after_seconds: state.status.stale_after.as_secs(),
-        instances: snapshot::instances(&stored, &filters, |s| is_duplicate(state, s)),
+        instances: snapshot::instances(&stored, &filters, |s| is_duplicate(&state, s)),
     }))
 }
 
