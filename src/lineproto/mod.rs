@@ -46,9 +46,9 @@ pub use check::{BatchError, BatchLimits, check_batch};
 pub use decoder::{DEFAULT_MAX_LINE_LEN, Decoder, DecoderOptions, Fields, Line, Tags};
 pub use encoder::{EncodeError, Encoder, FieldRef};
 pub use error::{DecodeError, DecodeErrorKind};
+pub use kind::TokenKind;
 pub use point::{OwnedValue, Point, PointError};
 pub use precision::{Precision, PrecisionError};
-pub use kind::TokenKind;
 pub use token::Token;
 pub use value::FieldValue;
 
