@@ -41,9 +41,11 @@ pub use sqlite::{JOURNAL_SIZE_LIMIT, SqliteStore};
 pub use store::{CatchUp, RegistryStore};
 pub use types::{
     BatchOutcome, Registered, Registration, Service, State, StateCounts, StoredService, Upserted,
-    format_instance_id, parse_instance_id, unix_seconds,
+    unix_seconds,
 };
 pub use write_health::PROBE_INTERVAL;
+// Instance ids are checked, parsed and formatted by the wire module, the registry included.
+pub use crate::wire::{format_instance_id, parse_instance_id};
 
 use group_commit::GROUP_COMMIT_GATHER;
 #[cfg(doc)]

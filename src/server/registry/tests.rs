@@ -23,16 +23,6 @@ fn reg(host: &str) -> Registration {
     }
 }
 
-#[test]
-fn instance_ids() {
-    let id = "3f1c9a2b7d4e6f8a0b1c2d3e4f5a6b7c";
-    assert_eq!(format_instance_id(parse_instance_id(id).unwrap()), id);
-    assert_eq!(format_instance_id(1), "00000000000000000000000000000001");
-    assert!(parse_instance_id("3F1C9A2B7D4E6F8A0B1C2D3E4F5A6B7C").is_none());
-    assert!(parse_instance_id("+f1c9a2b7d4e6f8a0b1c2d3e4f5a6b7c").is_none());
-    assert!(parse_instance_id("abc").is_none());
-}
-
 /// Counts the error and warning events sent to it.
 #[derive(Default)]
 struct LogCount {

@@ -130,29 +130,6 @@ pub struct BatchOutcome {
     pub undecided: Vec<usize>,
 }
 
-/// Parses an instance id (exactly 32 lowercase hex characters) into its 128-bit value.
-pub fn parse_instance_id(s: &str) -> Option<u128> {
-    let bytes = s.as_bytes();
-    if bytes.len() != 32 {
-        return None;
-    }
-    let mut value: u128 = 0;
-    for &b in bytes {
-        let digit = match b {
-            b'0'..=b'9' => b - b'0',
-            b'a'..=b'f' => b - b'a' + 10,
-            _ => return None,
-        };
-        value = (value << 4) | u128::from(digit);
-    }
-    Some(value)
-}
-
-/// Formats a 128-bit instance id as 32 lowercase hex characters.
-pub fn format_instance_id(id: u128) -> String {
-    format!("{id:032x}")
-}
-
 /// Current wall-clock time in Unix seconds, the registry's time unit.
 pub fn unix_seconds() -> i64 {
     SystemTime::now()
