@@ -1,3 +1,6 @@
+//! Field values: the decoded value of a field (float, integer, unsigned, bool or string)
+//! and the parsing of its text.
+
 use super::error::DecodeErrorKind;
 use super::float;
 use super::kind::TokenKind;
