@@ -23,6 +23,7 @@ pub const HOST: &str = "f0101";
 
 #[path = "../support/http.rs"]
 mod http_client;
+#[allow(unused_imports)]
 pub use http_client::{http, install_crypto};
 
 /// What the server is started with besides the defaults.

@@ -19,6 +19,7 @@ pub async fn start(json: Value) -> RunningServer {
 
 #[path = "../support/http.rs"]
 mod http_client;
+#[allow(unused_imports)]
 pub use http_client::http;
 
 /// Writes a config tree file, creating directories.
