@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+#[cfg(doc)]
+use super::Registry;
 use crate::wire::{Scope, ServiceType};
 
 /// The lifecycle state of a registered instance.

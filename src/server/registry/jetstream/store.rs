@@ -17,6 +17,8 @@ use super::bucket::{bucket, count, retry_unavailable, unavailable};
 use super::record::{Op, Record, kv_key, parse_kv_key};
 use super::replication::{Replica, Replication, digest_subject, encode_digest};
 use super::*;
+#[cfg(doc)]
+use crate::server::registry::Registry;
 
 /// The JetStream key-value [`RegistryStore`]: writes go to the bucket with
 /// compare-and-set; a watch feeds changes of other servers into the index.
