@@ -103,7 +103,12 @@ async fn two_clients_with_one_identity_are_reported_once_by_the_server_and_warne
         .as_array()
         .unwrap()
         .iter()
-        .map(|i| (i["hostname"].as_str().unwrap(), i["duplicate"].as_bool().unwrap()))
+        .map(|i| {
+            (
+                i["hostname"].as_str().unwrap(),
+                i["duplicate"].as_bool().unwrap(),
+            )
+        })
         .collect();
     assert!(marked.contains(&("node01", true)), "{marked:?}");
     assert!(marked.contains(&("node02", false)), "{marked:?}");

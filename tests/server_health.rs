@@ -86,3 +86,38 @@ async fn healthz_of_a_rest_only_server_reports_nats_as_not_configured() {
     );
     server.shutdown().await.unwrap();
 }
+
+/// Issue 28: a configuration tree whose rescan fails (here a named pipe where a file should
+/// be) left `/healthz` at plain `ok` while the server kept serving an old generation. It is
+/// reported as `config-tree`, with the reason, until a rescan succeeds again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_config_tree_rescan_degrades_healthz_until_one_succeeds() {
+    let tree = tempfile::tempdir().unwrap();
+    std::fs::write(tree.path().join("defaults.json"), r#"{"a":1}"#).unwrap();
+    let server = start(json!({
+        "disable-authentication": true,
+        "fleet": {"config-dir": tree.path()}
+    }))
+    .await;
+    let client = http();
+    assert_eq!(healthz(&client, &server).await.1["status"], "ok");
+
+    let fifo = tree.path().join("ccmc.json");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    assert!(server.reload_config().await.is_err());
+    let (status, body) = healthz(&client, &server).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "degraded", "{body}");
+    assert_eq!(body["degraded"], json!(["config-tree"]), "{body}");
+    let reason = body["checks"]["config-tree"].as_str().unwrap();
+    assert!(reason.contains("ccmc.json"), "{reason}");
+
+    std::fs::remove_file(&fifo).unwrap();
+    server.reload_config().await.unwrap();
+    assert_eq!(healthz(&client, &server).await.1["status"], "ok");
+    server.shutdown().await.unwrap();
+}

@@ -1,3 +1,4 @@
+//! The `emit_check` fuzz target: runs [`ccfleet_fuzz::emit_check`] on every input.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| ccfleet_fuzz::emit_check(data));

@@ -4,6 +4,7 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser as _;
+use clap::error::ErrorKind;
 
 mod cli;
 
@@ -22,7 +23,10 @@ const ERROR: u8 = 2;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return usage_error(err),
+    };
     let format = cli.log.log_format;
     if let Err(err) = cli::logging::init(&cli.log, cli.command.default_log_filter()) {
         return report(format, &err);
@@ -31,6 +35,38 @@ async fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => report(format, &err),
     }
+}
+
+/// A command line clap refused (or `--help`, `--version`). With JSON logs asked for, on the
+/// command line or in the environment, a refusal is one JSON event like every other fatal
+/// error, so that a log shipper parsing the output does not meet a line of plain text.
+fn usage_error(err: clap::Error) -> ExitCode {
+    let refused = !matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if !(refused
+        && cli::logging::json_requested(
+            std::env::args_os(),
+            std::env::var_os(cli::logging::ENV_FORMAT),
+        ))
+    {
+        err.exit();
+    }
+    let message = err.render().to_string();
+    // clap's message ends with a usage block and a hint; one line keeps the essentials.
+    let message: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let message = message.join(" ");
+    let message = message.strip_prefix("error: ").unwrap_or(&message);
+    let line = cli::logging::fatal_line(cli::logging::Format::Json, message);
+    let _ = writeln!(std::io::stderr(), "{line}");
+    ExitCode::from(ERROR)
 }
 
 /// Prints the error on one line of standard error, in the log format (`--log-format json`

@@ -792,6 +792,16 @@ fn with_json_logs_the_error_that_ends_the_command_is_json_too() {
             .env("CCFLEET_LOG_FORMAT", "json")
             .output()
             .unwrap(),
+        // Command lines clap refuses (issue 26): plain usage text before.
+        ccfleet()
+            .args(["--log-format", "json", "server", "--no-such-flag"])
+            .output()
+            .unwrap(),
+        ccfleet()
+            .args(["agnet", "--config", "a.json"])
+            .env("CCFLEET_LOG_FORMAT", "json")
+            .output()
+            .unwrap(),
     ] {
         assert_eq!(status(&out), 2);
         let stderr = text(&out.stderr);

@@ -1,3 +1,6 @@
+//! Decoding errors: what was wrong with a line, and where (line and column, as the Go
+//! decoder reports them).
+
 use std::fmt;
 
 /// What was wrong with a line.

@@ -1,6 +1,6 @@
 //! Escape rules per token kind, identical to the Go reference decoder and encoder.
 
-use super::token::TokenKind;
+use super::kind::TokenKind;
 
 /// What a backslash followed by `next` stands for in a token of `kind`, or `None` when the
 /// backslash is literal there.

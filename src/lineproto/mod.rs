@@ -33,6 +33,7 @@ mod error;
 mod escape;
 mod float;
 mod format;
+mod kind;
 mod point;
 mod precision;
 mod scan;
@@ -45,15 +46,14 @@ pub use check::{BatchError, BatchLimits, check_batch};
 pub use decoder::{DEFAULT_MAX_LINE_LEN, Decoder, DecoderOptions, Fields, Line, Tags};
 pub use encoder::{EncodeError, Encoder, FieldRef};
 pub use error::{DecodeError, DecodeErrorKind};
+pub use kind::TokenKind;
 pub use point::{OwnedValue, Point, PointError};
 pub use precision::{Precision, PrecisionError};
-pub use token::{Token, TokenKind};
+pub use token::Token;
 pub use value::FieldValue;
 
-/// One unescaping implementation: appends the unescaped token to the string. Not a stable
-/// API.
 #[doc(hidden)]
-pub type UnescapeFn = fn(&str, TokenKind, &mut String);
+pub use simd::UnescapeFn;
 
 /// Every unescaping implementation this CPU can run (portable, SSE2, AVX2, AVX-512, NEON), by
 /// name: for differential tests and fuzzing, which compare them with each other. Not a

@@ -1,3 +1,6 @@
+//! Owned points: a line's measurement, tags, fields and time held in memory, for points
+//! built by a program or kept beyond the input buffer, and their encoding.
+
 use super::decoder::Line;
 use super::encoder::{EncodeError, Encoder, FieldRef};
 use super::value::FieldValue;

@@ -1,18 +1,10 @@
+//! A token of a decoded line: a view into the input, unescaped on demand.
+
 use std::borrow::Cow;
 use std::fmt;
 
 use super::escape;
-
-/// Which escape rules a token follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TokenKind {
-    /// A measurement: `\ ` and `\,` are escapes; any other backslash is literal.
-    Measurement,
-    /// A tag key, tag value or field key: `\ `, `\,` and `\=` are escapes.
-    Key,
-    /// A string field value: `\\`, `\"`, `\n`, `\r` and `\t` are escapes.
-    StringField,
-}
+use super::kind::TokenKind;
 
 /// A token of a decoded line: a view into the input, unescaped only on demand.
 #[derive(Clone, Copy)]

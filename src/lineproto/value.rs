@@ -1,6 +1,10 @@
+//! Field values: the decoded value of a field (float, integer, unsigned, bool or string)
+//! and the parsing of its text.
+
 use super::error::DecodeErrorKind;
 use super::float;
-use super::token::{Token, TokenKind};
+use super::kind::TokenKind;
+use super::token::Token;
 
 /// A decoded field value; strings borrow from the input.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -19,6 +19,9 @@
 //! ```text
 //! {"status":"degraded","down":[],"degraded":["heartbeats"],"checks":{"database":"ok","nats":"ok","heartbeats":"dropping: ..."}}
 //! ```
+//!
+//! A configuration tree whose latest rescan failed, or whose rescan hangs, degrades the
+//! server the same way (`config-tree`): it serves the previous generation meanwhile.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,10 +76,19 @@ struct Checks {
     /// Only while NATS drops heartbeat messages at the subscription.
     #[serde(skip_serializing_if = "Option::is_none")]
     heartbeats: Option<Check>,
+    /// Only while the configuration tree's latest rescan failed or one is stuck: the server
+    /// serves the previous generation.
+    #[serde(rename = "config-tree", skip_serializing_if = "Option::is_none")]
+    config_tree: Option<Check>,
 }
 
 impl Report {
-    fn new(database: Check, nats: Option<Check>, dropping: Option<String>) -> Report {
+    fn new(
+        database: Check,
+        nats: Option<Check>,
+        dropping: Option<String>,
+        rescan: Option<String>,
+    ) -> Report {
         let mut down = Vec::new();
         if !database.is_ok() {
             down.push("database");
@@ -90,11 +102,13 @@ impl Report {
             }
             None => Check("not configured".into()),
         };
-        let degraded = if dropping.is_some() {
-            vec!["heartbeats"]
-        } else {
-            Vec::new()
-        };
+        let mut degraded = Vec::new();
+        if dropping.is_some() {
+            degraded.push("heartbeats");
+        }
+        if rescan.is_some() {
+            degraded.push("config-tree");
+        }
         Report {
             status: match (down.is_empty(), degraded.is_empty()) {
                 (false, _) => "unavailable",
@@ -107,6 +121,7 @@ impl Report {
                 database,
                 nats,
                 heartbeats: dropping.map(Check),
+                config_tree: rescan.map(Check),
             },
         }
     }
@@ -149,7 +164,12 @@ impl Health {
                 State::Disconnected => Check("disconnected".into()),
             }
         });
-        Report::new(database, nats, self.metrics.slow_consumer.status())
+        Report::new(
+            database,
+            nats,
+            self.metrics.slow_consumer.status(),
+            self.metrics.rescan.problem(std::time::Instant::now()),
+        )
     }
 }
 
@@ -160,18 +180,19 @@ mod tests {
     #[test]
     fn a_report_names_each_dependency_that_is_down() {
         let json = |r: &Report| serde_json::to_string(r).unwrap();
-        let fine = Report::new(Check::ok(), Some(Check::ok()), None);
+        let fine = Report::new(Check::ok(), Some(Check::ok()), None, None);
         assert!(fine.healthy());
         assert_eq!(
             json(&fine),
             r#"{"status":"ok","down":[],"checks":{"database":"ok","nats":"ok"}}"#
         );
-        let rest_only = Report::new(Check::ok(), None, None);
+        let rest_only = Report::new(Check::ok(), None, None, None);
         assert!(rest_only.healthy());
         assert!(json(&rest_only).contains(r#""nats":"not configured""#));
         let both = Report::new(
             Check("writes fail: disk full".into()),
             Some(Check("disconnected".into())),
+            None,
             None,
         );
         assert!(!both.healthy());
@@ -182,12 +203,33 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_rescan_degrades_a_working_server_and_names_the_error() {
+        let report = Report::new(
+            Check::ok(),
+            None,
+            None,
+            Some("the latest rescan failed, serving the previous generation: x".into()),
+        );
+        assert!(report.healthy());
+        let json = serde_json::to_string(&report).unwrap();
+        assert!(
+            json.starts_with(r#"{"status":"degraded","down":[],"degraded":["config-tree"]"#),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#""config-tree":"the latest rescan failed"#),
+            "{json}"
+        );
+    }
+
+    #[test]
     fn dropped_heartbeats_degrade_a_working_server_without_taking_it_down() {
         let json = |r: &Report| serde_json::to_string(r).unwrap();
         let dropping = Report::new(
             Check::ok(),
             Some(Check::ok()),
             Some("dropping: at least 3".into()),
+            None,
         );
         assert!(dropping.healthy());
         assert_eq!(
@@ -198,6 +240,7 @@ mod tests {
             Check::ok(),
             Some(Check("disconnected".into())),
             Some("dropping: at least 3".into()),
+            None,
         );
         assert!(!and_down.healthy());
         assert!(

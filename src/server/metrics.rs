@@ -24,6 +24,8 @@ pub struct Metrics {
     pub heartbeats_dropped: AtomicU64,
     /// The episodes of those drops, for the log and `/healthz`.
     pub(crate) slow_consumer: super::heartbeats::SlowConsumer,
+    /// Whether the configuration tree's rescans work (reported by `/healthz`).
+    pub(crate) rescan: super::rescan::RescanStatus,
     /// Lines skipped as not meant for the fleet (other measurements, non-events).
     pub heartbeats_ignored: AtomicU64,
     /// Nanoseconds spent decoding heartbeat messages.
@@ -40,6 +42,9 @@ pub struct Metrics {
     /// Active services the last roster round left out because their cluster cannot name a
     /// subject token (a gauge).
     pub roster_skipped_services: AtomicU64,
+    /// Members the last roster round left out of a roster that would otherwise exceed
+    /// what consumers accept (a gauge).
+    pub roster_members_left_out: AtomicU64,
     /// NATS heartbeat messages whose handling panicked; the pipeline went on with the next.
     pub nats_message_panics: AtomicU64,
     /// Config tree generations loaded.
@@ -143,6 +148,10 @@ impl Metrics {
 
     pub(crate) fn set_duplicate_members(&self, n: u64) {
         self.duplicate_members.store(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_roster_members_left_out(&self, n: u64) {
+        self.roster_members_left_out.store(n, Ordering::Relaxed);
     }
 
     pub(crate) fn set_roster_skipped(&self, n: u64) {
@@ -284,11 +293,15 @@ impl Metrics {
             "# HELP ccfleet_roster_skipped_services Active services left out of every roster: their cluster cannot name a NATS subject token.\n\
              # TYPE ccfleet_roster_skipped_services gauge\n\
              ccfleet_roster_skipped_services {}\n\
+             # HELP ccfleet_roster_members_left_out Members left out of a roster that would otherwise exceed what its consumers accept.\n\
+             # TYPE ccfleet_roster_members_left_out gauge\n\
+             ccfleet_roster_members_left_out {}\n\
              # HELP ccfleet_message_panics_total Messages whose handling panicked; the pipeline went on with the next.\n\
              # TYPE ccfleet_message_panics_total counter\n\
              ccfleet_message_panics_total{{source=\"nats\"}} {}\n\
              ccfleet_message_panics_total{{source=\"http\"}} {}\n",
             get(&self.roster_skipped_services),
+            get(&self.roster_members_left_out),
             get(&self.nats_message_panics),
             get(&self.http_panics),
         );

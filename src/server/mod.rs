@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod names;
 pub mod plugins;
 pub mod registry;
+mod rescan;
 pub mod roster;
 pub mod status;
 
@@ -139,7 +140,7 @@ async fn connect_nats(
             }
             // Core NATS kept nothing for consumers while we were away: send current
             // rosters now instead of at the next interval.
-            async_nats::Event::Connected => roster.notify(),
+            async_nats::Event::Connected => roster.notify_all(),
             _ => {}
         },
     )
@@ -233,14 +234,28 @@ fn spawn_last_seen_writer(
 
 async fn reload_tree(tree: &Arc<ConfigTree>, metrics: &Metrics) -> Result<Reload, ServerError> {
     let scan = tree.clone();
-    match blocking(move || scan.reload()).await? {
+    metrics.rescan.started();
+    let outcome = blocking(move || scan.reload()).await;
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            metrics.rescan.finished(Some(e.to_string()));
+            return Err(e);
+        }
+    };
+    match outcome {
         Ok(Reload::Replaced) => {
+            metrics.rescan.finished(None);
             Metrics::add(&metrics.config_reloads, 1);
             tracing::info!("fleet: config tree reloaded");
             Ok(Reload::Replaced)
         }
-        Ok(Reload::Unchanged) => Ok(Reload::Unchanged),
+        Ok(Reload::Unchanged) => {
+            metrics.rescan.finished(None);
+            Ok(Reload::Unchanged)
+        }
         Err(e) => {
+            metrics.rescan.finished(Some(e.to_string()));
             Metrics::add(&metrics.config_reload_errors, 1);
             tracing::warn!("fleet: config reload failed, keeping previous snapshot: {e}");
             Err(e.into())
@@ -262,7 +277,14 @@ fn spawn_reloader(
             tokio::select! {
                 _ = stopped(&mut shutdown) => return,
                 // Failures are logged and counted inside; the old generation stays.
-                _ = ticker.tick() => { let _ = reload_tree(&tree, &metrics).await; }
+                _ = ticker.tick() => {
+                    // A rescan stuck on a file system that stopped answering does not
+                    // hold the shutdown.
+                    tokio::select! {
+                        _ = reload_tree(&tree, &metrics) => {}
+                        _ = stopped(&mut shutdown) => return,
+                    }
+                }
             }
         }
     })
@@ -386,7 +408,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
                 leader::Lease {
                     kv: lease_bucket,
                     ttl: settings.lease_ttl,
-                    on_gain: Box::new(move || notify.notify()),
+                    on_gain: Box::new(move || notify.notify_all()),
                 },
                 shutdown_rx.clone(),
             );
@@ -648,15 +670,35 @@ impl RunningServer {
                 }
             }
         }
-        if let Some(consumer) = self.consumer.take()
-            && let Err(e) = consumer.await
-        {
-            result = Err(ServerError::Task(e.to_string()));
-        }
-        for task in std::mem::take(&mut self.tasks) {
-            if let Err(e) = task.await {
-                result = Err(ServerError::Task(e.to_string()));
+        // The consumer applies the heartbeats it has received; the other tasks only stop. None
+        // may hold the shutdown up for long: a task waiting on a NATS that went away (a roster
+        // round of a large fleet with a full outgoing buffer, a registry call) is ended.
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        let mut overran = Vec::new();
+        let consumer = self
+            .consumer
+            .take()
+            .map(|task| ("heartbeat consumer", task));
+        let tasks = std::mem::take(&mut self.tasks)
+            .into_iter()
+            .map(|task| ("background task", task));
+        for (name, mut task) in consumer.into_iter().chain(tasks) {
+            match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => result = Err(ServerError::Task(e.to_string())),
+                Err(_) => {
+                    task.abort();
+                    overran.push(name);
+                }
             }
+        }
+        if !overran.is_empty() {
+            tracing::warn!(
+                "fleet: {} task(s) still running {} after the shutdown began ({}); ended them",
+                overran.len(),
+                crate::duration::format(SHUTDOWN_GRACE),
+                overran.join(", ")
+            );
         }
         // Heartbeats no longer arrive: the last-seen times in memory are written once more.
         if let Err(e) = self.registry.flush_last_seen().await {

@@ -17,8 +17,9 @@
 //! [`ROSTER_SIGNATURE_HEADER`] header over [`roster_signing_input`]; the roster bytes stay
 //! exactly what cc-lib's Go client decodes.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
@@ -34,13 +35,17 @@ use super::stopped;
 use crate::untrusted::Untrusted;
 use crate::wire::{
     INFRA_BUCKET, Provider, ROSTER_SIGNATURE_HEADER, Scope, ServiceType, discovery_subject,
-    encode_roster, roster_signing_input, subject_token_problem,
+    encode_roster_line, roster_signing_input, subject_token_problem,
 };
 
 /// A publish round that NATS does not confirm within this time is counted as failed.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many skipped rows a log line names.
 const SKIPPED_EXAMPLES: usize = 5;
+/// The most bytes a roster may have: what agents accept unless configured otherwise
+/// (`roster-max-bytes`, also cc-lib's limit). A roster that would be larger leaves out its
+/// largest members, so that the rest of the cluster keeps its rosters.
+pub const ROSTER_LIMIT: usize = 1 << 20;
 
 /// The provider types a consumer type needs to know about (cc-backend's server policy).
 pub fn relevant_providers(consumer: ServiceType) -> &'static [ServiceType] {
@@ -163,13 +168,25 @@ pub fn build_rosters(active: &[Service], prefix: &str) -> (Vec<Roster>, Vec<Skip
 
 /// Asks the publisher for an early re-publish; cheap, and calls coalesce.
 #[derive(Debug, Clone, Default)]
-pub struct RosterNotify(Arc<Notify>);
+pub struct RosterNotify {
+    wake: Arc<Notify>,
+    /// Set when consumers may have missed earlier rosters (a NATS reconnect, a new lease):
+    /// the next round publishes every roster, changed or not.
+    everything: Arc<AtomicBool>,
+}
 
 impl RosterNotify {
-    /// Requests a re-publish (at once, or when the debounce window after the previous
-    /// publish ends).
+    /// Requests a re-publish of the rosters whose content changed (at once, or when the
+    /// debounce window after the previous publish ends).
     pub fn notify(&self) {
-        self.0.notify_one();
+        self.wake.notify_one();
+    }
+
+    /// Requests a re-publish of every roster: consumers may have missed what was sent before
+    /// (core NATS kept nothing for them while the connection was away).
+    pub fn notify_all(&self) {
+        self.everything.store(true, Ordering::Release);
+        self.wake.notify_one();
     }
 }
 
@@ -198,10 +215,16 @@ impl Pacer {
         self.due = Some(self.due.map_or(at, |due| due.min(at)));
     }
 
-    /// A round starts at `now`; it covers every change notified before.
-    fn publishing(&mut self, now: Instant) {
-        self.last = Some(now);
+    /// A round starts at `now`; it covers every change notified before. Returns the
+    /// previous round's start, for [`Pacer::restore`].
+    fn publishing(&mut self, now: Instant) -> Option<Instant> {
         self.due = None;
+        self.last.replace(now)
+    }
+
+    /// The round that started last published nothing: the window runs from the round before.
+    fn restore(&mut self, previous: Option<Instant>) {
+        self.last = previous;
     }
 }
 
@@ -266,26 +289,255 @@ pub(crate) fn spawn(
             failing: HashSet::new(),
             skipped: 0,
             round_failing: false,
+            published: HashMap::new(),
+            oversized: HashSet::new(),
         };
         let mut ticker = tokio::time::interval(publisher.config.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut pacer = Pacer::new(publisher.config.debounce);
         loop {
             let due = pacer.due;
-            tokio::select! {
+            let kind = tokio::select! {
                 _ = stopped(&mut shutdown) => return,
-                _ = ticker.tick() => {
-                    pacer.publishing(Instant::now());
-                    publisher.round().await;
+                _ = ticker.tick() => RoundKind::Everything,
+                _ = notify.wake.notified() => {
+                    pacer.changed(Instant::now());
+                    continue;
                 }
-                _ = notify.0.notified() => pacer.changed(Instant::now()),
                 _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
-                    pacer.publishing(Instant::now());
-                    publisher.round().await;
+                    if notify.everything.load(Ordering::Acquire) {
+                        RoundKind::Everything
+                    } else {
+                        RoundKind::Changed
+                    }
                 }
+            };
+            if kind == RoundKind::Everything {
+                notify.everything.store(false, Ordering::Release);
+            }
+            let previous = pacer.publishing(Instant::now());
+            // A round of a large fleet may wait on NATS for long (a full outgoing buffer
+            // while NATS is away): shutdown does not wait for it.
+            let sent = tokio::select! {
+                sent = publisher.round(kind) => sent,
+                _ = stopped(&mut shutdown) => return,
+            };
+            if sent == 0 && kind == RoundKind::Changed {
+                // Nothing changed for any consumer (a member whose type no roster lists, a
+                // heartbeat turning a pending member active again): no publish happened, so
+                // no debounce window starts and the next real change goes out at once.
+                pacer.restore(previous);
             }
         }
     })
+}
+
+/// What a round publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RoundKind {
+    /// Every roster: the periodic refresh, and after consumers may have missed rosters.
+    Everything,
+    /// Only rosters whose content differs from what NATS last confirmed for their subject.
+    Changed,
+}
+
+/// A roster entry as it is encoded: borrowed from the registry's row, so a round builds no
+/// owned copy of any member.
+#[derive(serde::Serialize)]
+struct ProviderView<'a> {
+    #[serde(rename = "type")]
+    service_type: &'static str,
+    hostname: &'a str,
+    state: &'static str,
+    #[serde(skip_serializing_if = "no_meta")]
+    meta: &'a BTreeMap<String, String>,
+}
+
+fn no_meta(meta: &&BTreeMap<String, String>) -> bool {
+    meta.is_empty()
+}
+
+/// A member left out of a roster because the roster would otherwise exceed what its
+/// consumers accept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LeftOut {
+    cluster: String,
+    hostname: String,
+    service_type: ServiceType,
+    /// Bytes of its metadata's keys and values.
+    meta_bytes: usize,
+}
+
+/// The providers of one roster, encoded once for every subject that gets the same list.
+#[derive(Debug)]
+struct Encoded {
+    /// The providers as Go's JSON.
+    payload: Vec<u8>,
+    /// A hash of `payload`, to tell whether a roster changed.
+    hash: u64,
+    /// How many providers it lists.
+    providers: usize,
+    /// Members left out for size.
+    left_out: Vec<LeftOut>,
+}
+
+/// Bytes a roster line adds around its payload besides the bucket (measurement, tags, field
+/// key, quotes, time, newline), with room to spare.
+const LINE_OVERHEAD: usize = 96;
+/// Room kept below NATS's `max_payload` for the signature header.
+const HEADER_ROOM: usize = 256;
+
+fn hash_of(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// What a member adds to a roster, about: its own bytes, before JSON's and the line's escapes.
+fn member_size(service: &Service) -> usize {
+    32 + service.hostname.len() + meta_bytes(service) + 6 * service.meta.len()
+}
+
+/// Bytes of a member's metadata keys and values.
+fn meta_bytes(service: &Service) -> usize {
+    service.meta.iter().map(|(k, v)| k.len() + v.len()).sum()
+}
+
+/// The bytes `payload` takes inside a roster line, where `"` and `\` are escaped.
+fn escaped_len(payload: &[u8]) -> usize {
+    payload.len() + payload.iter().filter(|&&b| b == b'"' || b == b'\\').count()
+}
+
+/// Encodes `members` (sorted as rosters are) into a payload whose line, for a bucket named
+/// `bucket`, stays within `limit` bytes. When it would not, the members with the most bytes
+/// (their metadata, in practice) are left out until it fits: the roster is then an error of
+/// those members, and every other member still reaches the roster's consumers.
+fn encode_members(
+    mut members: Vec<&Service>,
+    bucket: &str,
+    limit: usize,
+) -> Result<Encoded, String> {
+    let room = limit.saturating_sub(LINE_OVERHEAD + 2 * bucket.len());
+    let mut left_out = Vec::new();
+    loop {
+        let views: Vec<ProviderView<'_>> = members
+            .iter()
+            .map(|s| ProviderView {
+                service_type: s.service_type.code(),
+                hostname: &s.hostname,
+                state: s.state.as_str(),
+                meta: &s.meta,
+            })
+            .collect();
+        let payload = crate::wire::gojson::to_vec(&views).map_err(|e| e.to_string())?;
+        let size = escaped_len(&payload);
+        if size <= room || members.is_empty() {
+            return Ok(Encoded {
+                hash: hash_of(&payload),
+                payload,
+                providers: members.len(),
+                left_out,
+            });
+        }
+        let excess = size - room;
+        let mut by_size: Vec<usize> = (0..members.len()).collect();
+        by_size.sort_by_key(|&i| std::cmp::Reverse(member_size(members[i])));
+        let mut dropped = vec![false; members.len()];
+        let mut freed = 0;
+        for i in by_size {
+            if freed >= excess {
+                break;
+            }
+            dropped[i] = true;
+            freed += member_size(members[i]);
+            left_out.push(LeftOut {
+                cluster: members[i].cluster.clone(),
+                hostname: members[i].hostname.clone(),
+                service_type: members[i].service_type,
+                meta_bytes: meta_bytes(members[i]),
+            });
+        }
+        let mut i = 0;
+        members.retain(|_| {
+            i += 1;
+            !dropped[i - 1]
+        });
+    }
+}
+
+/// The active services grouped into roster buckets, borrowed from the registry's rows.
+struct Buckets<'a> {
+    clusters: BTreeMap<&'a str, Vec<&'a Service>>,
+    infra: Vec<&'a Service>,
+    everyone: Vec<&'a Service>,
+    skipped: Vec<Skipped>,
+}
+
+impl<'a> Buckets<'a> {
+    fn of(active: &'a [Service]) -> Buckets<'a> {
+        let mut buckets = Buckets {
+            clusters: BTreeMap::new(),
+            infra: Vec::new(),
+            everyone: Vec::with_capacity(active.len()),
+            skipped: Vec::new(),
+        };
+        for service in active {
+            match service.scope {
+                Scope::Cluster => {
+                    if let Some(reason) = bucket_problem(&service.cluster) {
+                        buckets.skipped.push(Skipped {
+                            cluster: service.cluster.clone(),
+                            hostname: service.hostname.clone(),
+                            service_type: service.service_type,
+                            reason,
+                        });
+                        continue;
+                    }
+                    buckets
+                        .clusters
+                        .entry(&service.cluster)
+                        .or_default()
+                        .push(service);
+                }
+                Scope::Infra => buckets.infra.push(service),
+            }
+            buckets.everyone.push(service);
+        }
+        buckets
+    }
+
+    /// Every roster subject of these buckets, in publishing order.
+    fn subjects(&self, prefix: &str) -> Vec<String> {
+        let names = self.clusters.keys().copied().chain([INFRA_BUCKET]);
+        names
+            .flat_map(|bucket| {
+                consumers().map(move |(consumer, _)| discovery_subject(prefix, bucket, consumer))
+            })
+            .collect()
+    }
+}
+
+/// The consumer types that receive rosters, with the provider types each needs.
+fn consumers() -> impl Iterator<Item = (ServiceType, &'static [ServiceType])> {
+    ServiceType::ALL
+        .into_iter()
+        .map(|consumer| (consumer, relevant_providers(consumer)))
+        .filter(|(_, wanted)| !wanted.is_empty())
+}
+
+/// The members of `candidates` of the `wanted` types, sorted as rosters list them.
+fn members_of<'a>(
+    candidates: impl Iterator<Item = &'a Service>,
+    wanted: &[ServiceType],
+) -> Vec<&'a Service> {
+    let mut members: Vec<&Service> = candidates
+        .filter(|s| wanted.contains(&s.service_type))
+        .collect();
+    members.sort_by(|a, b| {
+        (a.service_type.code(), &a.hostname).cmp(&(b.service_type.code(), &b.hostname))
+    });
+    members
 }
 
 struct Publisher {
@@ -299,6 +551,12 @@ struct Publisher {
     skipped: usize,
     /// Whether a round failed as a whole (NATS down or not confirming) and was logged.
     round_failing: bool,
+    /// The payload hash NATS last confirmed per subject (keyed by the subject's hash): a
+    /// change-driven round publishes only rosters whose content differs. 16 bytes a subject,
+    /// so 50,000 clusters cost a few MiB.
+    published: HashMap<u64, u64>,
+    /// Subjects whose roster leaves members out for size, so each episode is logged once.
+    oversized: HashSet<String>,
 }
 
 impl Publisher {
@@ -317,19 +575,18 @@ impl Publisher {
         }
     }
 
-    /// Counts every roster of a round that failed as a whole; one log line per outage.
-    fn round_failed(&mut self, subjects: &[String], error: std::fmt::Arguments<'_>) {
-        for subject in subjects {
-            self.metrics.roster_subject_error(subject);
-        }
+    /// Counts every roster of a round that failed as a whole; one log line per outage. Not
+    /// counted per subject: an outage is not a property of any roster, and a large fleet
+    /// would otherwise grow a `/metrics` line for every roster it has.
+    fn round_failed(&mut self, rosters: usize, error: std::fmt::Arguments<'_>) {
+        Metrics::add(&self.metrics.roster_errors, rosters as u64);
+        // What the consumers hold is unknown now: the next round sends everything.
+        self.published.clear();
         if self.round_failing {
-            tracing::debug!(
-                "fleet: {} roster(s) still not published: {error}",
-                subjects.len()
-            );
+            tracing::debug!("fleet: {rosters} roster(s) still not published: {error}");
         } else {
             self.round_failing = true;
-            tracing::error!("fleet: {} roster(s) not published: {error}", subjects.len());
+            tracing::error!("fleet: {rosters} roster(s) not published: {error}");
         }
     }
 
@@ -359,64 +616,165 @@ impl Publisher {
         self.skipped = skipped.len();
     }
 
-    async fn round(&mut self) {
-        if !self.config.gate.is_leader() {
+    /// Logs, once per subject and episode, the members a roster leaves out for size.
+    fn report_left_out(&mut self, subject: &str, encoded: &Encoded, limit: usize) {
+        if encoded.left_out.is_empty() {
+            if self.oversized.remove(subject) {
+                tracing::info!(
+                    "fleet: roster for {} lists all its providers again",
+                    Untrusted(subject)
+                );
+            }
             return;
         }
-        let (rosters, skipped) = build_rosters(&self.registry.active(), &self.config.prefix);
-        self.report_skipped(&skipped);
+        if !self.oversized.insert(subject.to_owned()) {
+            return;
+        }
+        let members: Vec<String> = encoded
+            .left_out
+            .iter()
+            .take(SKIPPED_EXAMPLES)
+            .map(|m| {
+                format!(
+                    "{} {} in cluster \"{}\" ({} bytes of metaData)",
+                    m.service_type,
+                    Untrusted(&m.hostname).capped(64),
+                    Untrusted(&m.cluster).capped(64),
+                    m.meta_bytes
+                )
+            })
+            .collect();
+        tracing::error!(
+            "fleet: roster for {} would exceed {limit} bytes (what its consumers accept); {} member(s) \
+             left out of it, the largest first (deregister them or register them with less metaData): {}",
+            Untrusted(subject),
+            encoded.left_out.len(),
+            members.join("; ")
+        );
+    }
+
+    /// The most bytes a roster may have: what agents accept by default
+    /// (`roster-max-bytes`), and what NATS accepts less room for the signature header.
+    fn limit(&self) -> usize {
+        let nats = self.client.max_payload().saturating_sub(HEADER_ROOM);
+        ROSTER_LIMIT.min(nats)
+    }
+
+    /// Publishes a round; returns how many rosters it sent.
+    async fn round(&mut self, kind: RoundKind) -> usize {
+        if !self.config.gate.is_leader() {
+            // Another server publishes meanwhile: what it sent is unknown here.
+            self.published.clear();
+            return 0;
+        }
+        let active = self.registry.active();
+        let buckets = Buckets::of(&active);
+        self.report_skipped(&buckets.skipped);
         if self.client.connection_state() != async_nats::connection::State::Connected {
             // Queued rosters would go out stale after the reconnect, which triggers a fresh
             // round anyway.
-            let subjects: Vec<String> = rosters.into_iter().map(|r| r.subject).collect();
+            let rosters = buckets.subjects(&self.config.prefix).len();
             self.round_failed(
-                &subjects,
+                rosters,
                 format_args!("NATS is disconnected; they go out again once it reconnects"),
             );
-            return;
+            return 0;
         }
+        let limit = self.limit();
         let now = crate::wire::now_ns();
-        let mut queued = Vec::with_capacity(rosters.len());
-        for roster in rosters {
-            let data = match encode_roster(&roster.bucket, roster.consumer, &roster.providers, now)
-            {
-                Ok(data) => data,
-                Err(e) => {
-                    self.failed(&roster.subject, format_args!("encoding: {e}"));
+        // A cluster without members of the wanted types offers only the infrastructure's:
+        // with many small clusters that payload is encoded once, not once per cluster.
+        let mut infra_only: Vec<(&'static [ServiceType], Arc<Encoded>)> = Vec::new();
+        let mut queued: Vec<(u64, u64)> = Vec::new();
+        let mut queued_failing: Vec<String> = Vec::new();
+        let mut left_out = HashSet::new();
+        let names: Vec<&str> = buckets
+            .clusters
+            .keys()
+            .copied()
+            .chain([INFRA_BUCKET])
+            .collect();
+        for bucket in names {
+            let mut shared: Vec<(&'static [ServiceType], Arc<Encoded>)> = Vec::new();
+            for (consumer, wanted) in consumers() {
+                let subject = discovery_subject(&self.config.prefix, bucket, consumer);
+                let encoded = match shared.iter().find(|(w, _)| *w == wanted) {
+                    Some((_, encoded)) => Ok(encoded.clone()),
+                    None => {
+                        let encoded =
+                            self.encode_bucket(&buckets, bucket, wanted, limit, &mut infra_only);
+                        if let Ok(encoded) = &encoded {
+                            shared.push((wanted, encoded.clone()));
+                        }
+                        encoded
+                    }
+                };
+                let encoded = match encoded {
+                    Ok(encoded) => encoded,
+                    Err(e) => {
+                        self.failed(&subject, format_args!("encoding: {e}"));
+                        continue;
+                    }
+                };
+                self.report_left_out(&subject, &encoded, limit);
+                for member in &encoded.left_out {
+                    left_out.insert((
+                        member.service_type,
+                        member.cluster.clone(),
+                        member.hostname.clone(),
+                    ));
+                }
+                let subject_hash = hash_of(subject.as_bytes());
+                if kind == RoundKind::Changed
+                    && self.published.get(&subject_hash) == Some(&encoded.hash)
+                {
                     continue;
                 }
-            };
-            let mut headers = async_nats::HeaderMap::new();
-            if let Some(signer) = &self.config.signer {
-                let signature = signer.sign(&roster_signing_input(&roster.subject, &data));
-                headers.insert(ROSTER_SIGNATURE_HEADER, STANDARD.encode(signature).as_str());
-            }
-            let size = data.len();
-            // async-nats refuses (and does not queue) a message above the server's
-            // max_payload, headers included; sending one would make NATS close the connection.
-            let result = if headers.is_empty() {
-                self.client
-                    .publish(roster.subject.clone(), data.into())
-                    .await
-            } else {
-                self.client
-                    .publish_with_headers(roster.subject.clone(), headers, data.into())
-                    .await
-            };
-            match result {
-                Ok(()) => queued.push(roster.subject),
-                Err(e) => self.failed(
-                    &roster.subject,
-                    format_args!(
-                        "{size} bytes with {} provider(s) (NATS max_payload {}): {e}",
-                        roster.providers.len(),
-                        self.client.max_payload()
-                    ),
-                ),
+                let mut data = Vec::with_capacity(
+                    escaped_len(&encoded.payload) + LINE_OVERHEAD + 2 * bucket.len(),
+                );
+                encode_roster_line(&mut data, bucket, consumer, &encoded.payload, now);
+                let mut headers = async_nats::HeaderMap::new();
+                if let Some(signer) = &self.config.signer {
+                    let signature = signer.sign(&roster_signing_input(&subject, &data));
+                    headers.insert(ROSTER_SIGNATURE_HEADER, STANDARD.encode(signature).as_str());
+                }
+                let size = data.len();
+                // async-nats refuses (and does not queue) a message above the server's
+                // max_payload, headers included; sending one would make NATS close the
+                // connection.
+                let result = if headers.is_empty() {
+                    self.client.publish(subject.clone(), data.into()).await
+                } else {
+                    self.client
+                        .publish_with_headers(subject.clone(), headers, data.into())
+                        .await
+                };
+                match result {
+                    Ok(()) => {
+                        queued.push((subject_hash, encoded.hash));
+                        if self.failing.contains(&subject) {
+                            queued_failing.push(subject);
+                        }
+                    }
+                    Err(e) => {
+                        self.published.remove(&subject_hash);
+                        self.failed(
+                            &subject,
+                            format_args!(
+                                "{size} bytes with {} provider(s) (NATS max_payload {}): {e}",
+                                encoded.providers,
+                                self.client.max_payload()
+                            ),
+                        );
+                    }
+                }
             }
         }
+        self.metrics
+            .set_roster_members_left_out(left_out.len() as u64);
         if queued.is_empty() {
-            return;
+            return 0;
         }
         // Queued is not sent: only NATS's answer to the flush confirms the round.
         let confirmed = match tokio::time::timeout(PUBLISH_TIMEOUT, self.client.flush()).await {
@@ -433,14 +791,53 @@ impl Publisher {
                 if std::mem::take(&mut self.round_failing) {
                     tracing::info!("fleet: rosters are published again");
                 }
-                for subject in &queued {
+                for subject in &queued_failing {
                     if self.failing.remove(subject) {
                         tracing::info!("fleet: roster for {} published again", Untrusted(subject));
                     }
                 }
+                let sent = queued.len();
+                self.published.extend(queued);
+                sent
             }
-            Err(e) => self.round_failed(&queued, format_args!("flush: {e}")),
+            Err(e) => {
+                self.round_failed(queued.len(), format_args!("flush: {e}"));
+                0
+            }
         }
+    }
+
+    /// The encoded providers of `bucket` for a consumer that wants `wanted`.
+    fn encode_bucket(
+        &self,
+        buckets: &Buckets<'_>,
+        bucket: &str,
+        wanted: &'static [ServiceType],
+        limit: usize,
+        infra_only: &mut Vec<(&'static [ServiceType], Arc<Encoded>)>,
+    ) -> Result<Arc<Encoded>, String> {
+        if bucket == INFRA_BUCKET {
+            let members = members_of(buckets.everyone.iter().copied(), wanted);
+            return encode_members(members, bucket, limit).map(Arc::new);
+        }
+        let own = buckets.clusters.get(bucket).map_or(&[][..], Vec::as_slice);
+        if !own.iter().any(|s| wanted.contains(&s.service_type)) {
+            if let Some((_, encoded)) = infra_only.iter().find(|(w, _)| *w == wanted) {
+                return Ok(encoded.clone());
+            }
+            let members = members_of(buckets.infra.iter().copied(), wanted);
+            // The bucket's name changes only the line's overhead, which the limit's
+            // reserve covers for any valid bucket name.
+            let encoded = Arc::new(encode_members(
+                members,
+                &"x".repeat(crate::wire::MAX_SUBJECT_TOKEN_LEN),
+                limit,
+            )?);
+            infra_only.push((wanted, encoded.clone()));
+            return Ok(encoded);
+        }
+        let members = members_of(own.iter().chain(&buckets.infra).copied(), wanted);
+        encode_members(members, bucket, limit).map(Arc::new)
     }
 }
 
@@ -448,6 +845,7 @@ impl Publisher {
 mod tests {
     use super::*;
     use crate::server::registry::State;
+    use crate::wire::now_ns;
 
     fn svc(scope: Scope, cluster: &str, host: &str, ty: ServiceType) -> Service {
         Service {
@@ -538,6 +936,126 @@ mod tests {
             .map(|p| p.hostname.as_str())
             .collect();
         assert_eq!(names, ["ccb-f", "mgmt01"], "skipped rows are in no roster");
+    }
+
+    fn with_meta(mut service: Service, meta: &[(&str, &str)]) -> Service {
+        service.meta = Arc::new(
+            meta.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        service
+    }
+
+    #[test]
+    fn rosters_encoded_from_borrowed_rows_are_the_bytes_of_the_owned_encoding() {
+        let active = vec![
+            with_meta(
+                svc(Scope::Cluster, "fritz", "ccb-<f>", ServiceType::Backend),
+                &[("url", "http://a&b/\"quoted\""), ("note", "\u{2028}")],
+            ),
+            svc(Scope::Cluster, "fritz", "f01", ServiceType::MetricCollector),
+            svc(Scope::Infra, "", "mgmt01", ServiceType::Backend),
+        ];
+        let (rosters, _) = build_rosters(&active, "");
+        let buckets = Buckets::of(&active);
+        for roster in rosters {
+            let candidates: Vec<&Service> = if roster.bucket == INFRA_BUCKET {
+                buckets.everyone.clone()
+            } else {
+                buckets.clusters[roster.bucket.as_str()]
+                    .iter()
+                    .chain(&buckets.infra)
+                    .copied()
+                    .collect()
+            };
+            let members = members_of(candidates.into_iter(), relevant_providers(roster.consumer));
+            let encoded = encode_members(members, &roster.bucket, ROSTER_LIMIT).unwrap();
+            let mut line = Vec::new();
+            encode_roster_line(
+                &mut line,
+                &roster.bucket,
+                roster.consumer,
+                &encoded.payload,
+                7,
+            );
+            let owned =
+                crate::wire::encode_roster(&roster.bucket, roster.consumer, &roster.providers, 7)
+                    .unwrap();
+            assert_eq!(line, owned, "{}", roster.subject);
+            assert!(encoded.left_out.is_empty());
+        }
+    }
+
+    #[test]
+    fn members_with_the_most_metadata_are_left_out_until_the_roster_fits() {
+        let big = "m".repeat(4000);
+        let bigger = "m".repeat(5000);
+        let members = [
+            with_meta(
+                svc(Scope::Cluster, "c", "a", ServiceType::Backend),
+                &[("n", &big)],
+            ),
+            svc(Scope::Cluster, "c", "b", ServiceType::Backend),
+            with_meta(
+                svc(Scope::Cluster, "c", "c", ServiceType::Backend),
+                &[("n", &bigger)],
+            ),
+            svc(Scope::Cluster, "c", "d", ServiceType::Backend),
+        ];
+        let refs: Vec<&Service> = members.iter().collect();
+        let limit = 4096;
+        let encoded = encode_members(refs.clone(), "c", limit).unwrap();
+        let left: Vec<&str> = encoded
+            .left_out
+            .iter()
+            .map(|m| m.hostname.as_str())
+            .collect();
+        assert_eq!(
+            left,
+            ["c", "a"],
+            "both would not fit together: the larger goes first"
+        );
+        assert_eq!(encoded.providers, 2);
+        let mut line = Vec::new();
+        encode_roster_line(
+            &mut line,
+            "c",
+            ServiceType::MetricCollector,
+            &encoded.payload,
+            now_ns(),
+        );
+        assert!(line.len() <= limit, "{}", line.len());
+        let listed = crate::wire::decode_roster(&line).unwrap();
+        let hosts: Vec<&str> = listed.iter().map(|p| p.hostname.as_str()).collect();
+        assert_eq!(hosts, ["b", "d"]);
+
+        // With room for one large member, only the largest is left out.
+        let encoded = encode_members(refs, "c", 8192).unwrap();
+        let left: Vec<&str> = encoded
+            .left_out
+            .iter()
+            .map(|m| m.hostname.as_str())
+            .collect();
+        assert_eq!(left, ["c"]);
+        assert_eq!(encoded.left_out[0].meta_bytes, 5001);
+    }
+
+    #[test]
+    fn a_round_that_published_nothing_opens_no_debounce_window() {
+        let debounce = Duration::from_secs(2);
+        let t0 = Instant::now();
+        let mut pacer = Pacer::new(debounce);
+        pacer.publishing(t0);
+        // Long after: a change, but its round finds nothing changed.
+        let t1 = t0 + Duration::from_secs(10);
+        pacer.changed(t1);
+        let previous = pacer.publishing(t1);
+        pacer.restore(previous);
+        // A real change right after goes out at once.
+        let t2 = t1 + Duration::from_millis(100);
+        pacer.changed(t2);
+        assert_eq!(pacer.due, Some(t2));
     }
 
     #[test]

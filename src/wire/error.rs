@@ -1,3 +1,5 @@
+//! The error of encoding or decoding a fleet message.
+
 use crate::lineproto::DecodeError;
 
 /// Why a fleet message could not be encoded or decoded. The texts follow cc-lib's Go

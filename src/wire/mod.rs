@@ -15,6 +15,7 @@
 mod error;
 pub mod gojson;
 mod heartbeat;
+mod instance_id;
 mod lp;
 mod roster;
 mod service_type;
@@ -25,9 +26,10 @@ pub use heartbeat::{
     HEARTBEAT_MAX_LINE_LEN, HeartbeatLine, IgnoreReason, decode_heartbeats, encode_heartbeat,
     encode_heartbeat_into, parse_heartbeat, scan_heartbeats,
 };
+pub use instance_id::{format_instance_id, is_instance_id, parse_instance_id};
 pub use roster::{
     MAX_SUBJECT_TOKEN_LEN, ROSTER_SIGNATURE_HEADER, decode_roster, decode_roster_timed,
-    encode_roster, roster_signing_input, subject_token_problem,
+    encode_roster, encode_roster_line, roster_signing_input, subject_token_problem,
 };
 pub use service_type::{ProviderType, Scope, ServiceType};
 pub use types::{Provider, RegisterRequest, RegisterResponse};
@@ -73,13 +75,6 @@ pub fn safe_path_component(s: &str) -> bool {
     !s.is_empty() && s != "." && !s.contains("..") && !s.contains(['/', '\\'])
 }
 
-/// Whether `s` has the shape of an instance id: exactly 32 lowercase hex digits.
-pub fn is_instance_id(s: &str) -> bool {
-    s.len() == 32
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
 /// The wall clock as Unix nanoseconds (saturating outside the int64 range).
 pub fn now_ns() -> i64 {
     let now = std::time::SystemTime::now();
@@ -110,16 +105,12 @@ mod tests {
     }
 
     #[test]
-    fn path_components_and_ids() {
+    fn path_components() {
         for ok in ["fritz", "h1.example.org", "node-01"] {
             assert!(safe_path_component(ok), "{ok}");
         }
         for bad in ["", ".", "..", "../etc", "a/b", "a\\b", "x..y"] {
             assert!(!safe_path_component(bad), "{bad}");
         }
-        assert!(is_instance_id("3f1c9a2b7d4e6f8a0b1c2d3e4f5a6b7c"));
-        assert!(!is_instance_id("3F1C9A2B7D4E6F8A0B1C2D3E4F5A6B7C"));
-        assert!(!is_instance_id("3f1c9a2b7d4e6f8a0b1c2d3e4f5a6b7"));
-        assert!(!is_instance_id("3f1c9a2b7d4e6f8a0b1c2d3e4f5a6b7g"));
     }
 }

@@ -15,14 +15,27 @@ pub fn encode_roster(
 ) -> Result<Vec<u8>, WireError> {
     let payload = super::gojson::to_vec(providers).map_err(|e| WireError::Json(e.to_string()))?;
     let mut out = Vec::with_capacity(payload.len() + payload.len() / 4 + 96);
+    encode_roster_line(&mut out, bucket, consumer, &payload, time_ns);
+    Ok(out)
+}
+
+/// Appends the roster line for `consumer`s in `bucket` whose providers are already encoded
+/// as Go's JSON (`payload`, as [`encode_roster`] encodes them): the publisher encodes one
+/// payload once and sends it to every consumer type and bucket that gets the same list.
+pub fn encode_roster_line(
+    out: &mut Vec<u8>,
+    bucket: &str,
+    consumer: ServiceType,
+    payload: &[u8],
+    time_ns: i64,
+) {
     write_event_line(
-        &mut out,
+        out,
         DISCOVERY_MEASUREMENT,
         &[("cluster", bucket), ("type", consumer.code())],
-        &payload,
+        payload,
         time_ns,
     );
-    Ok(out)
 }
 
 /// Decodes a roster message (cc-lib's `DecodeRoster`): exactly one line of measurement

@@ -1,3 +1,6 @@
+//! Service types (`ccms`, `ccmc`, ...), the provider types of a roster, and scopes
+//! (cluster or infrastructure), with their codes on the wire.
+
 use std::fmt;
 use std::str::FromStr;
 

@@ -1,3 +1,6 @@
+//! The JSON bodies of the fleet REST API (registration request and answer) and the
+//! providers a roster lists.
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};

@@ -21,20 +21,10 @@ pub const CLUSTER: &str = "fritz";
 /// Host name the tests register as.
 pub const HOST: &str = "f0101";
 
-/// Installs the TLS provider reqwest is built to expect.
-pub fn install_crypto() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-/// A plain HTTP client for talking to the server directly.
-pub fn http() -> reqwest::Client {
-    install_crypto();
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("http client")
-}
+#[path = "../support/http.rs"]
+mod http_client;
+#[allow(unused_imports)]
+pub use http_client::{http, install_crypto};
 
 /// What the server is started with besides the defaults.
 #[derive(Default, Clone)]

@@ -17,15 +17,10 @@ pub async fn start(json: Value) -> RunningServer {
     ccfleet::server::start(config).await.expect("server starts")
 }
 
-/// A plain HTTP client (no proxies from the environment).
-pub fn http() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("http client")
-}
+#[path = "../support/http.rs"]
+mod http_client;
+#[allow(unused_imports)]
+pub use http_client::http;
 
 /// Writes a config tree file, creating directories.
 pub fn write(root: &Path, rel: &str, text: &str) {

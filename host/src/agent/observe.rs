@@ -10,9 +10,10 @@
 //! without their user information; plugin names come from the agent's own configuration and
 //! the revision is escaped and capped.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::State;
@@ -54,6 +55,9 @@ pub(crate) struct ConfigState {
     pub source: client::Source,
 }
 
+/// Results of rollouts, for `ccfleet_agent_plugin_rollouts_total{plugin,result}`.
+pub(crate) type RolloutCounts = Mutex<BTreeMap<(String, &'static str), u64>>;
+
 /// One plugin as the listener sees it.
 pub(crate) struct ObservedPlugin {
     pub name: Arc<str>,
@@ -66,7 +70,7 @@ pub(crate) struct Observed {
     /// The agent's own plugins, then the fleet's (which a rollout swaps).
     pub plugins: Arc<std::sync::RwLock<Vec<ObservedPlugin>>>,
     /// Rollout results of fleet plugins by plugin and result.
-    pub rollouts: Arc<super::rollout::RolloutCounts>,
+    pub rollouts: Arc<RolloutCounts>,
     pub sinks: Vec<SinkInfo>,
     pub client: Client,
     pub nats: Option<async_nats::Client>,

@@ -23,7 +23,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use ccfleet::server::plugins::is_sha256;
@@ -43,8 +43,7 @@ pub const MAX_COMPONENT_BYTES: u64 = 256 << 20;
 /// How long a new version may take to compile and start before it counts as failed.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Results of rollouts, for `ccfleet_agent_plugin_rollouts_total{plugin,result}`.
-pub(crate) type RolloutCounts = Mutex<BTreeMap<(String, &'static str), u64>>;
+pub(crate) use super::observe::RolloutCounts;
 
 /// A fleet plugin entry, checked.
 #[derive(Debug, Clone, PartialEq)]

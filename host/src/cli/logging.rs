@@ -107,6 +107,28 @@ pub fn fatal_line(format: Format, message: &str) -> String {
     }
 }
 
+/// Whether JSON logs were asked for on a command line clap could not parse: `--log-format
+/// json` or `--log-format=json` among `args`, else `CCFLEET_LOG_FORMAT` (`env`) set to `json`.
+pub fn json_requested(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+    env: Option<std::ffi::OsString>,
+) -> bool {
+    let mut args = args.into_iter();
+    let mut from_args = None;
+    while let Some(arg) = args.next() {
+        let arg = arg.to_string_lossy().into_owned();
+        if arg == "--" {
+            break;
+        }
+        if arg == "--log-format" {
+            from_args = args.next().map(|v| v.to_string_lossy() == "json");
+        } else if let Some(value) = arg.strip_prefix("--log-format=") {
+            from_args = Some(value == "json");
+        }
+    }
+    from_args.unwrap_or_else(|| env.is_some_and(|v| v == "json"))
+}
+
 /// Whether to colour: only on a terminal, and never when `NO_COLOR` is set non-empty.
 fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
     terminal && no_color.is_none_or(|v| v.is_empty())

@@ -247,7 +247,12 @@ fn server_sections() -> String {
         "The file given with --config holds one JSON object. Unknown keys are errors; a value of the wrong type names its key and the form it takes. Relative paths (db, fleet.config-dir, fleet.plugin-dir) are resolved against the directory of the file. Durations use Go's syntax (30s, 1m30s, 1.5h); one that does not parse, or is not positive, is an error. The keys:",
     );
     out.push_str(&key_table("## Server configuration", ""));
-    out.push_str(&tagged("EXIT STATUS", EXIT_STATUS));
+    let mut status = EXIT_STATUS.to_vec();
+    status.push((
+        "128 + N",
+        "A second signal (number N: 130 for SIGINT, 143 for SIGTERM) ended the shutdown before it finished; 1 when the shutdown was still not finished 30 s after the first signal.",
+    ));
+    out.push_str(&tagged("EXIT STATUS", &status));
     out.push_str(&tagged(
         "ENVIRONMENT",
         &[

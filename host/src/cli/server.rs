@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use ccfleet::server::ServerConfig;
 
 use super::check_config;
+use ccfleet_host::agent::Signals;
 
 /// Flags of `ccfleet server`.
 #[derive(Debug, clap::Args)]
@@ -86,12 +87,46 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(error) = report.errors.first() {
         anyhow::bail!("{}: {error}", path.display());
     }
-    let server = ccfleet::server::start(config).await?;
-    wait_for_signal().await?;
-    tracing::info!("fleet: shutting down");
+    // Listening from the start: a signal that arrives while starting is not lost.
+    let mut signals = Signals::new();
+    let server = tokio::select! {
+        server = ccfleet::server::start(config) => server?,
+        signal = signals.recv() => {
+            tracing::info!("fleet: {} received while starting; exiting", signal.name);
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    let signal = signals.recv().await;
+    tracing::info!(
+        "fleet: {} received, shutting down (a second signal exits at once)",
+        signal.name
+    );
+    tokio::spawn(async move {
+        let signal = signals.recv().await;
+        tracing::warn!(
+            "fleet: second signal ({}): exiting without finishing the shutdown",
+            signal.name
+        );
+        std::process::exit(128 + signal.number);
+    });
+    // A thread of its own, so that neither a stalled runtime nor a blocking task keeps the
+    // process alive: the shutdown's own steps are bounded well within this.
+    std::thread::spawn(|| {
+        std::thread::sleep(SHUTDOWN_BOUND);
+        tracing::error!(
+            "fleet: shutdown still not finished {} after the signal; exiting",
+            ccfleet::duration::format(SHUTDOWN_BOUND)
+        );
+        std::process::exit(1);
+    });
     server.shutdown().await?;
     Ok(ExitCode::SUCCESS)
 }
+
+/// How long after the first signal the process exits whatever the shutdown is doing. The
+/// shutdown's steps are bounded (HTTP connections 5 s, background tasks 5 s, the last-seen
+/// flush and the NATS flush 5 s each); this catches what none of them foresaw.
+const SHUTDOWN_BOUND: Duration = Duration::from_secs(30);
 
 /// How many copies to the bucket are in flight at once.
 const MIGRATE_CONCURRENCY: usize = 256;
@@ -251,21 +286,4 @@ async fn connect_for_migrate(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(client)
-}
-
-async fn wait_for_signal() -> anyhow::Result<()> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for Ctrl-C")?;
-    Ok(())
 }

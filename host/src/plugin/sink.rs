@@ -1,13 +1,12 @@
-//! Where emitted metrics go: batches of line protocol, one per `emit` call, written to a NATS
-//! subject (what cc-metric-store consumes) or to stdout.
+//! Where emitted metrics go: batches of line protocol, one per `emit` call, handed to the
+//! program that runs the plugins (the agent writes them to its configured sinks, such as a
+//! NATS subject cc-metric-store consumes).
 //!
 //! Plugins hand batches over without waiting: the channel is bounded and a full channel
 //! refuses the batch (the plugin's `emit` fails), so a stalled NATS connection never blocks a
 //! plugin's store.
 
-use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::mpsc;
 
@@ -32,7 +31,7 @@ pub struct SinkHandle {
     stats: Option<Arc<PluginStats>>,
 }
 
-/// The receiving end, drained by [`run`] (or read directly by an embedding program).
+/// The receiving end, drained by the program that runs the plugins.
 pub type BatchReceiver = mpsc::Receiver<Batch>;
 
 /// Why a batch was not accepted.
@@ -86,84 +85,5 @@ impl SinkHandle {
         if let Some(stats) = &self.stats {
             stats.refused(points);
         }
-    }
-}
-
-/// Counters of [`run_counted`]: what the output took and what it lost.
-#[derive(Debug, Default)]
-pub struct SinkStats {
-    /// Batches written (published to NATS or written to stdout).
-    pub batches: AtomicU64,
-    /// Points in the batches written.
-    pub points: AtomicU64,
-    /// Batches that could not be written.
-    pub errors: AtomicU64,
-    /// Points in the batches that could not be written.
-    pub points_lost: AtomicU64,
-}
-
-impl SinkStats {
-    fn count(&self, batch: &Batch, ok: bool) {
-        let (batches, points) = if ok {
-            (&self.batches, &self.points)
-        } else {
-            (&self.errors, &self.points_lost)
-        };
-        batches.fetch_add(1, Ordering::Relaxed);
-        points.fetch_add(batch.points as u64, Ordering::Relaxed);
-    }
-}
-
-/// Where [`run`] writes batches.
-#[derive(Debug, Clone)]
-pub enum Target {
-    /// Publish each batch to a NATS subject.
-    Nats {
-        /// The connection (it reconnects by itself).
-        client: async_nats::Client,
-        /// The subject, e.g. `cc.metric.fritz`.
-        subject: String,
-    },
-    /// Write each batch to standard output.
-    Stdout,
-}
-
-/// Drains `rx` into `target` until every [`SinkHandle`] is dropped.
-pub async fn run(rx: BatchReceiver, target: Target) {
-    run_counted(rx, target, Arc::default()).await;
-}
-
-/// [`run`], counting what is written and what is lost in `stats`.
-pub async fn run_counted(mut rx: BatchReceiver, target: Target, stats: Arc<SinkStats>) {
-    while let Some(batch) = rx.recv().await {
-        let ok = match &target {
-            Target::Nats { client, subject } => {
-                match client.publish(subject.clone(), batch.lines.clone()).await {
-                    Ok(()) => true,
-                    Err(error) => {
-                        let error = ccfleet::nats::scrub(&error, &[]);
-                        tracing::warn!(plugin = %batch.plugin, %error, "cannot publish metrics to NATS");
-                        false
-                    }
-                }
-            }
-            Target::Stdout => {
-                let mut out = std::io::stdout().lock();
-                match out.write_all(&batch.lines).and_then(|()| out.flush()) {
-                    Ok(()) => true,
-                    Err(error) => {
-                        tracing::warn!(%error, "cannot write metrics to stdout");
-                        false
-                    }
-                }
-            }
-        };
-        stats.count(&batch, ok);
-    }
-    if let Target::Nats { client, .. } = &target
-        && let Err(error) = client.flush().await
-    {
-        let error = ccfleet::nats::scrub(&error, &[]);
-        tracing::warn!(%error, "cannot flush metrics to NATS");
     }
 }

@@ -18,10 +18,15 @@ impl AgentProcess {
     /// Writes `config` to `dir/agent.json` and starts `ccfleet agent` on it with the default
     /// log filter (RUST_LOG unset) and no colours.
     pub fn start(dir: &Path, config: &serde_json::Value) -> AgentProcess {
-        let path = dir.join("agent.json");
-        std::fs::write(&path, config.to_string()).expect("write the agent configuration");
+        AgentProcess::start_command("agent", dir, config)
+    }
+
+    /// [`AgentProcess::start`] for another command taking `--config` (`server`).
+    pub fn start_command(command: &str, dir: &Path, config: &serde_json::Value) -> AgentProcess {
+        let path = dir.join(format!("{command}.json"));
+        std::fs::write(&path, config.to_string()).expect("write the configuration");
         let mut child = Command::new(env!("CARGO_BIN_EXE_ccfleet"))
-            .arg("agent")
+            .arg(command)
             .arg("--config")
             .arg(&path)
             .env_remove("RUST_LOG")
@@ -30,15 +35,16 @@ impl AgentProcess {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("start ccfleet agent");
+            .unwrap_or_else(|e| panic!("start ccfleet {command}: {e}"));
         let stderr = child.stderr.take().expect("piped stderr");
         let log = Arc::new(Mutex::new(Vec::new()));
         let lines = log.clone();
+        let name = command.to_owned();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { return };
                 // Shown when the test fails (or with --nocapture).
-                eprintln!("agent | {line}");
+                eprintln!("{name} | {line}");
                 lines.lock().unwrap().push(line);
             }
         });

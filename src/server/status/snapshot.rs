@@ -117,7 +117,6 @@ pub struct InstanceView {
     pub duplicate: bool,
 }
 
-
 /// The live instances among `stored` that pass `filters`, ordered by cluster, type and
 /// host name.
 pub fn instances(

@@ -1,3 +1,5 @@
+//! The smallest plugin: it logs each configuration revision and emits one `hello` point per
+//! `collect`.
 #![no_std]
 extern crate alloc;
 
