@@ -242,6 +242,41 @@ async fn latest_rosters(
     }
 }
 
+/// Waits for the start-up roster of a subscription to one subject; it lists no one.
+async fn empty_start_up_roster(sub: &mut async_nats::Subscriber) {
+    let first = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("the start-up roster")
+        .unwrap();
+    assert!(decode_roster(&first.payload).unwrap().is_empty());
+}
+
+/// Waits until nothing has arrived for longer than a debounce window.
+async fn quiet(sub: &mut async_nats::Subscriber, debounce: Duration) {
+    while tokio::time::timeout(debounce + Duration::from_millis(500), sub.next())
+        .await
+        .is_ok()
+    {}
+}
+
+/// The first roster that lists a provider, if one arrives `within`.
+async fn listing_roster(
+    sub: &mut async_nats::Subscriber,
+    within: Duration,
+) -> Option<Vec<Provider>> {
+    tokio::time::timeout(within, async {
+        loop {
+            let message = sub.next().await.unwrap();
+            let providers = decode_roster(&message.payload).unwrap();
+            if !providers.is_empty() {
+                return providers;
+            }
+        }
+    })
+    .await
+    .ok()
+}
+
 fn hosts(providers: &[Provider]) -> Vec<&str> {
     providers.iter().map(|p| p.hostname.as_str()).collect()
 }
@@ -493,16 +528,9 @@ async fn a_registration_that_changes_no_roster_publishes_none_and_delays_no_chan
     }))
     .await;
     let client = http();
-    let first = tokio::time::timeout(Duration::from_secs(10), sub.next())
-        .await
-        .expect("the start-up roster")
-        .unwrap();
-    assert!(decode_roster(&first.payload).unwrap().is_empty());
+    empty_start_up_roster(&mut sub).await;
     // The debounce window after the start-up publish passes in quiet.
-    while tokio::time::timeout(debounce + Duration::from_millis(500), sub.next())
-        .await
-        .is_ok()
-    {}
+    quiet(&mut sub, debounce).await;
     // Another collector: no roster lists collectors, so none changes.
     let f0102 = register_ok(
         &client,
@@ -522,17 +550,9 @@ async fn a_registration_that_changes_no_roster_publishes_none_and_delays_no_chan
     assert_eq!(heartbeat(&client, &server, &ccb).await, 204);
     // Before the fix the backend waited for the window the collector's publish opened (5 s);
     // at once is milliseconds.
-    let roster = tokio::time::timeout(debounce - Duration::from_millis(1500), async {
-        loop {
-            let message = sub.next().await.unwrap();
-            let providers = decode_roster(&message.payload).unwrap();
-            if !providers.is_empty() {
-                return providers;
-            }
-        }
-    })
-    .await
-    .expect("the backend published before the debounce delay");
+    let roster = listing_roster(&mut sub, debounce - Duration::from_millis(1500))
+        .await
+        .expect("the backend published before the debounce delay");
     assert_eq!(hosts(&roster), ["ccb-f"]);
     server.shutdown().await.unwrap();
 }
@@ -608,12 +628,8 @@ async fn a_change_after_a_quiet_debounce_window_is_published_at_once() {
     }))
     .await;
     let client = http();
-    let first = tokio::time::timeout(Duration::from_secs(10), sub.next())
-        .await
-        .expect("the start-up roster")
-        .unwrap();
-    assert!(decode_roster(&first.payload).unwrap().is_empty());
-    // The registration itself is a change (published at once, still pending, so empty).
+    empty_start_up_roster(&mut sub).await;
+    // A pending member is in no roster: its registration changes none.
     let id = register_ok(
         &client,
         &server,
@@ -621,25 +637,14 @@ async fn a_change_after_a_quiet_debounce_window_is_published_at_once() {
         r#"{"hostname":"mgmt01","serviceType":"ccb"}"#,
     )
     .await;
-    // Let the debounce window after the last publish (the registration's, or the connect
+    // Let the debounce window after the last publish (the start-up round's, or the connect
     // event's) pass in quiet.
-    while tokio::time::timeout(debounce + Duration::from_millis(500), sub.next())
-        .await
-        .is_ok()
-    {}
+    quiet(&mut sub, debounce).await;
     assert_eq!(heartbeat(&client, &server, &id).await, 204);
     // Waiting out the whole debounce again would take 3 s; at once is milliseconds.
-    let roster = tokio::time::timeout(debounce - Duration::from_millis(1000), async {
-        loop {
-            let message = sub.next().await.unwrap();
-            let providers = decode_roster(&message.payload).unwrap();
-            if !providers.is_empty() {
-                return providers;
-            }
-        }
-    })
-    .await
-    .expect("the activation published before the debounce delay");
+    let roster = listing_roster(&mut sub, debounce - Duration::from_millis(1000))
+        .await
+        .expect("the activation published before the debounce delay");
     assert_eq!(hosts(&roster), ["mgmt01"]);
     server.shutdown().await.unwrap();
 }
