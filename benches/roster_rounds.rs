@@ -25,6 +25,8 @@ use ccfleet::server::ServerConfig;
 use ccfleet::server::registry::{Registration, Registry};
 use ccfleet::wire::{Scope, ServiceType};
 
+#[path = "../tests/support/http.rs"]
+mod http;
 #[path = "../tests/support/nats.rs"]
 mod nats;
 
@@ -174,7 +176,7 @@ fn main() {
         .to_string())
         .unwrap();
         let interval = Duration::from_secs(interval as u64);
-        let client = reqwest::Client::new();
+        let client = http::http();
         let per_round = ((clusters + 1) * 6) as u64;
         let before = IN_USE.load(Ordering::Relaxed);
         let start = Instant::now();
@@ -188,20 +190,20 @@ fn main() {
             mib(PEAK.load(Ordering::Relaxed) - before)
         );
         // Full rounds: the periodic refresh, every interval from the start.
-        let mut confirmed = publishes(&client, &base).await;
         for round in 1..=rounds {
+            let tick = start + interval * round as u32;
+            tokio::time::sleep_until((tick - Duration::from_millis(300)).into()).await;
+            let confirmed = publishes(&client, &base).await;
             let baseline = IN_USE.load(Ordering::Relaxed);
             PEAK.store(baseline, Ordering::Relaxed);
-            let tick = start + interval * round as u32;
-            confirmed += per_round;
-            let done = wait_for(&client, &base, confirmed).await;
+            let done = wait_for(&client, &base, confirmed + per_round).await;
             println!(
                 "full round {round}: {per_round} rosters in {:.2} s, heap above the server's between rounds: peak {:.1} MiB",
                 done.saturating_duration_since(tick).as_secs_f64(),
                 mib(PEAK.load(Ordering::Relaxed).saturating_sub(baseline))
             );
-            confirmed = publishes(&client, &base).await;
         }
+        let confirmed = publishes(&client, &base).await;
         // A change every roster sees: a backend's metadata.
         let server_registry_url = format!("{base}/api/fleet/register/infra/");
         let baseline = IN_USE.load(Ordering::Relaxed);
