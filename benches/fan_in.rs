@@ -15,6 +15,11 @@
 //! JetStream stores them wait in that buffer, and beyond it nats-server discards them.
 //! The rounds after the first are published as one burst, as fast as the publisher can, so
 //! `FANIN_INSTANCES` x (`FANIN_ROUNDS` - 1) is the burst size that the "lost" figure is for.
+//! `FANIN_LOAD=N` keeps N threads of this process busy while heartbeats are published and
+//! applied, standing in for the other work of a loaded machine: run it once without and
+//! once with `FANIN_HEARTBEAT_STREAM=1` to compare core NATS and the stream under the same
+//! load. After the burst the bench prints the server's `/healthz` (`degraded` while NATS
+//! drops heartbeat messages) and its slow-consumer episodes.
 //!
 //! Reports registration time, the decode stage alone (classify every line and parse the
 //! id, one core), and heartbeats per second applied end to end for the first round (every
@@ -32,6 +37,8 @@
 mod nats;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ccfleet::server::registry::{Registration, Registry, parse_instance_id};
@@ -198,6 +205,64 @@ async fn publish_and_wait(
     );
 }
 
+/// Threads spinning until dropped: the other work of a loaded machine.
+struct Load {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(threads: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..10_000 {
+                            x = std::hint::black_box(
+                                x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                            );
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load { stop, threads }
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// `GET path` on the server, over a plain socket: the status line and the body.
+async fn get(server: &RunningServer, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = server.base_url().trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: bench\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.expect("answer");
+    let status = answer.lines().next().unwrap_or("").to_owned();
+    let body = answer
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    format!("{status}: {body}")
+}
+
 /// What the heartbeat stream and its consumer hold (stream mode): where missing heartbeats
 /// went, if any.
 async fn stream_report(url: &str) {
@@ -310,6 +375,11 @@ async fn run() {
         .await
         .expect("server starts");
     let publisher = async_nats::connect(nats.url()).await.expect("connect");
+    let load_threads = env_usize("FANIN_LOAD", 0);
+    let load = (load_threads > 0).then(|| {
+        println!("load: {load_threads} busy thread(s) while heartbeats are published and applied");
+        Load::start(load_threads)
+    });
 
     publish_and_wait(
         &server,
@@ -331,6 +401,20 @@ async fn run() {
         patience,
     )
     .await;
+    drop(load);
+    println!(
+        "healthz after the burst: {}",
+        get(&server, "/healthz").await
+    );
+    let metrics = get(&server, "/metrics").await;
+    for name in [
+        "ccfleet_heartbeat_messages_dropped_total ",
+        "ccfleet_heartbeat_drop_episodes_total ",
+    ] {
+        if let Some(line) = metrics.lines().find(|l| l.starts_with(name)) {
+            println!("metrics: {line}");
+        }
+    }
     if stream {
         stream_report(&nats.url()).await;
     }

@@ -23,9 +23,11 @@ if [[ $install -eq 1 ]]; then
     # sources, for -Zbuild-std), its wasm linker and wasi-libc: rustup's wasm targets cannot
     # be downloaded on these machines. scripts/build-guests.sh uses rustup's targets instead
     # where they are installed. The README's quickstart (run by host/tests/docs_snippets.rs)
-    # uses curl and jq; the same test checks the systemd units with systemd-analyze.
+    # uses curl and jq; the same test checks the systemd units with systemd-analyze. The
+    # fleet status page is tested in headless Chromium through chromedriver
+    # (tests/server_status_browser.rs).
     need=()
-    for pkg in rustc-web rust-web-src lld-22 wasi-libc curl jq systemd; do
+    for pkg in rustc-web rust-web-src lld-22 wasi-libc curl jq systemd chromium chromium-driver; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
     done
     if ((${#need[@]})); then

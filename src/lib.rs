@@ -8,11 +8,16 @@
 //!   receives rosters and deregisters.
 //! - `server` (feature `server`): a cc-backend-compatible fleet service.
 //! - [`untrusted`]: untrusted strings escaped and capped for logs.
+//! - [`json_config`]: configuration files read so that a mistake names its key and form.
 //! - `discovery` (feature `discovery`): one `Discoverer` over Nomad, Kubernetes, DNS, static,
 //!   local, remote and fleet rosters.
 #![warn(missing_docs)]
 
+// `alloc` by name: the line-protocol encoder's files are shared with the no_std guest SDK.
+extern crate alloc;
+
 pub mod duration;
+pub mod json_config;
 pub mod lineproto;
 pub mod secret;
 pub mod untrusted;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::Json;
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -491,7 +491,57 @@ async fn an_unreachable_agent_is_an_error_without_the_url() {
 }
 
 #[tokio::test]
-async fn redirects_are_not_followed_with_the_token() {
+async fn a_redirect_within_the_agent_s_origin_is_followed_with_the_token() {
+    // Go's client follows a 307; a proxy in front of Nomad that moves the API answers one.
+    let shared: Shared = Arc::new(Mutex::new(Agent {
+        nodes: json!([{"ID": NODE_A, "Name": "node-a", "Address": "10.0.0.1", "Status": "ready"}]),
+        ..Agent::default()
+    }));
+    let router = Router::new()
+        .route(
+            "/v1/nodes",
+            get(|RawQuery(query): RawQuery| async move {
+                let location = format!("/moved/v1/nodes?{}", query.unwrap_or_default());
+                (StatusCode::TEMPORARY_REDIRECT, [("location", location)])
+            }),
+        )
+        .route("/moved/v1/nodes", get(nodes))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let got = NomadNodePool::new(client(addr), "default", 5008)
+        .list_instances()
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].address(), "10.0.0.1:5008");
+    let agent = shared.lock().unwrap();
+    assert_eq!(agent.seen_tokens, vec![Some(TOKEN.to_owned())]);
+    assert_eq!(agent.seen_queries.len(), 1);
+}
+
+#[tokio::test]
+async fn a_redirect_loop_ends_with_the_redirect_as_the_error() {
+    let router = Router::new().route(
+        "/v1/nodes",
+        get(|| async { (StatusCode::TEMPORARY_REDIRECT, [("location", "/v1/nodes")]) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let err = NomadNodePool::new(client(addr), "default", 5008)
+        .list_instances()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, DiscoveryError::Status { status: 307, .. }),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn redirects_to_another_origin_are_not_followed_with_the_token() {
     let (target, shared) = start(Agent::default()).await;
     let location = format!("http://{target}/v1/nodes");
     let router = Router::new().route(

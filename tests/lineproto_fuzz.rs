@@ -49,3 +49,8 @@ fn encode_decode_round_trips_pass_their_fuzz_checks_on_every_seed_and_past_failu
 fn every_unescaping_implementation_passes_its_fuzz_checks_on_every_seed() {
     replay("unescape", checks::unescape);
 }
+
+#[test]
+fn the_emit_check_passes_its_fuzz_checks_on_every_seed_and_past_failure() {
+    replay("emit_check", checks::emit_check);
+}

@@ -706,3 +706,34 @@ async fn stale_sweep_and_metrics() {
     );
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_beyond_its_cap_is_refused_naming_the_limit() {
+    // A member whose metaData made its cluster's rosters bigger than the agents accept
+    // used to break the rosters of everyone in its cluster.
+    let server = start(json!({"disable-authentication": true})).await;
+    let client = http();
+    let body = |meta: Value| {
+        json!({"cluster": "c", "hostname": "h", "serviceType": "ccmc", "metaData": meta})
+            .to_string()
+    };
+    let huge = body(json!({"x": "a".repeat(1000 * 1000)}));
+    let (status, json) = register(&client, &server, "cluster", &huge, None).await;
+    assert_eq!(status, 400);
+    let error = json["error"].as_str().unwrap();
+    assert!(error.contains("limit of 4096"), "{error}");
+    assert!(!error.contains("aaaa"), "{error}");
+
+    let many: serde_json::Map<String, Value> =
+        (0..33).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let (status, json) = register(&client, &server, "cluster", &body(many.into()), None).await;
+    assert_eq!(status, 400);
+    assert!(
+        json["error"].as_str().unwrap().contains("limit of 32"),
+        "{json}"
+    );
+    assert_eq!(server.registry().counts().pending, 0);
+
+    register_ok(&client, &server, "cluster", &body(json!({"port": "8080"}))).await;
+    server.shutdown().await.unwrap();
+}

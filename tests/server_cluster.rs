@@ -692,7 +692,7 @@ async fn an_instance_registered_through_another_server_a_moment_ago_is_never_unk
         // Each kind of request, straight after the registration was acknowledged.
         match i % 3 {
             0 => assert_eq!(here.heartbeat(&id).await.unwrap(), Some(true)),
-            1 => assert!(here.lookup_fresh(&id).await.is_some()),
+            1 => assert!(here.lookup_fresh(&id).await.unwrap().is_some()),
             _ => assert!(here.deregister(&id).await.unwrap()),
         }
     }

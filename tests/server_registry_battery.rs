@@ -1,10 +1,17 @@
 //! The registry's behaviour, written once against [`Registry`] and run on every store
-//! backend: SQLite in memory and SQLite in a file (which is also reopened).
+//! backend: SQLite in memory, SQLite in a file (which is also reopened), and a JetStream
+//! key-value bucket on a real `nats-server -js` (also reopened: a server restarting on the
+//! bucket).
 #![cfg(feature = "server")]
+
+#[path = "support/nats.rs"]
+mod nats;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
+use ccfleet::server::registry::jetstream::{JetStreamSettings, JetStreamStore};
 use ccfleet::server::registry::{
     Registration, Registry, SqliteStore, State, parse_instance_id, unix_seconds,
 };
@@ -12,17 +19,17 @@ use ccfleet::wire::{Scope, ServiceType};
 
 /// A way to open a registry; `reopen` gives one over the same data, when it persists.
 trait Backend {
-    fn open(&self) -> Registry;
-    fn reopen(&self) -> Option<Registry>;
+    async fn open(&self) -> Registry;
+    async fn reopen(&self) -> Option<Registry>;
 }
 
 struct SqliteMemory;
 
 impl Backend for SqliteMemory {
-    fn open(&self) -> Registry {
+    async fn open(&self) -> Registry {
         Registry::new(SqliteStore::open(None).unwrap()).unwrap()
     }
-    fn reopen(&self) -> Option<Registry> {
+    async fn reopen(&self) -> Option<Registry> {
         None
     }
 }
@@ -41,11 +48,48 @@ impl SqliteFile {
 }
 
 impl Backend for SqliteFile {
-    fn open(&self) -> Registry {
+    async fn open(&self) -> Registry {
         Registry::open(Some(&self.path)).unwrap()
     }
-    fn reopen(&self) -> Option<Registry> {
-        Some(self.open())
+    async fn reopen(&self) -> Option<Registry> {
+        Some(self.open().await)
+    }
+}
+
+/// A bucket on a single `nats-server -js` of its own (one replica: what the registry
+/// promises does not depend on replication, which the cluster tests cover).
+struct JetStream {
+    server: nats::NatsServer,
+}
+
+impl JetStream {
+    fn new() -> JetStream {
+        JetStream {
+            server: nats::NatsServer::start_jetstream(),
+        }
+    }
+}
+
+impl Backend for JetStream {
+    async fn open(&self) -> Registry {
+        let client = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect(self.server.url())
+            .await
+            .unwrap();
+        let settings = JetStreamSettings {
+            bucket: "battery".to_owned(),
+            replicas: 1,
+            lease_ttl: Duration::from_secs(10),
+        };
+        let store = JetStreamStore::open(client, settings).await.unwrap();
+        // Loading the bucket blocks on requests to the runtime: off its worker threads.
+        tokio::task::spawn_blocking(move || Registry::new(store).unwrap())
+            .await
+            .unwrap()
+    }
+    async fn reopen(&self) -> Option<Registry> {
+        Some(self.open().await)
     }
 }
 
@@ -68,7 +112,7 @@ fn id(instance_id: &str) -> u128 {
 }
 
 async fn a_member_goes_from_pending_to_active_to_deregistered(backend: impl Backend) {
-    let r = backend.open();
+    let r = backend.open().await;
     let a = r
         .register(reg("fritz", "f0101", ServiceType::MetricCollector))
         .await
@@ -96,7 +140,7 @@ async fn a_member_goes_from_pending_to_active_to_deregistered(backend: impl Back
 }
 
 async fn re_registration_gives_a_new_id_and_keeps_heartbeat_and_revision(backend: impl Backend) {
-    let r = backend.open();
+    let r = backend.open().await;
     let a = r
         .register(reg("fritz", "f0101", ServiceType::MetricCollector))
         .await
@@ -125,7 +169,7 @@ async fn re_registration_gives_a_new_id_and_keeps_heartbeat_and_revision(backend
 async fn the_sweep_marks_silent_active_members_stale_and_a_heartbeat_revives_them(
     backend: impl Backend,
 ) {
-    let r = backend.open();
+    let r = backend.open().await;
     let live = r
         .register(reg("", "mgmt01", ServiceType::Backend))
         .await
@@ -150,7 +194,7 @@ async fn the_sweep_marks_silent_active_members_stale_and_a_heartbeat_revives_the
 }
 
 async fn a_batch_applies_live_ids_once_each_and_reports_the_rest(backend: impl Backend) {
-    let r = backend.open();
+    let r = backend.open().await;
     let mut ids = Vec::new();
     for i in 0..700 {
         let reg = reg("c", &format!("h{i}"), ServiceType::MetricCollector);
@@ -192,7 +236,7 @@ async fn a_batch_applies_live_ids_once_each_and_reports_the_rest(backend: impl B
 }
 
 async fn everything_acknowledged_survives_a_reopen(backend: impl Backend) {
-    let r = backend.open();
+    let r = backend.open().await;
     let a = r
         .register(reg("fritz", "f0101", ServiceType::MetricCollector))
         .await
@@ -213,7 +257,7 @@ async fn everything_acknowledged_survives_a_reopen(backend: impl Backend) {
     let before = r.counts();
     drop(r);
 
-    let Some(r) = backend.reopen() else {
+    let Some(r) = backend.reopen().await else {
         return;
     };
     assert_eq!(r.counts(), before);
@@ -239,17 +283,17 @@ macro_rules! battery {
         mod $backend {
             use super::*;
 
-            #[tokio::test]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_member_goes_from_pending_to_active_to_deregistered() {
                 super::a_member_goes_from_pending_to_active_to_deregistered($new).await;
             }
 
-            #[tokio::test]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn re_registration_gives_a_new_id_and_keeps_heartbeat_and_revision() {
                 super::re_registration_gives_a_new_id_and_keeps_heartbeat_and_revision($new).await;
             }
 
-            #[tokio::test]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn the_sweep_marks_silent_active_members_stale_and_a_heartbeat_revives_them() {
                 super::the_sweep_marks_silent_active_members_stale_and_a_heartbeat_revives_them(
                     $new,
@@ -257,12 +301,12 @@ macro_rules! battery {
                 .await;
             }
 
-            #[tokio::test]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_batch_applies_live_ids_once_each_and_reports_the_rest() {
                 super::a_batch_applies_live_ids_once_each_and_reports_the_rest($new).await;
             }
 
-            #[tokio::test]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn everything_acknowledged_survives_a_reopen() {
                 super::everything_acknowledged_survives_a_reopen($new).await;
             }
@@ -272,3 +316,4 @@ macro_rules! battery {
 
 battery!(sqlite_memory, SqliteMemory);
 battery!(sqlite_file, SqliteFile::new());
+battery!(jetstream, JetStream::new());

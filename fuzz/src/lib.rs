@@ -3,8 +3,8 @@
 //! every input that once failed, so the checks also run in the ordinary test suite.
 
 use ccfleet::lineproto::{
-    Decoder, DecoderOptions, Encoder, FieldValue, OwnedValue, Point, Precision, TokenKind,
-    unescape_implementations,
+    BatchError, BatchLimits, Decoder, DecoderOptions, Encoder, FieldValue, OwnedValue, Point,
+    Precision, TokenKind, check_batch, unescape_implementations,
 };
 use ccfleet::wire::{self, HeartbeatLine, Provider, ProviderType, ServiceType};
 
@@ -298,4 +298,127 @@ fn unescape_reference(raw: &str, kind: TokenKind) -> String {
         }
     }
     String::from_utf8(out).expect("unescaping keeps UTF-8")
+}
+
+/// A collector's batch as the guest SDK writes it, for [`emit_check`] to mutate.
+const VALID_BATCH: &[u8] =
+    b"cpu_user,hostname=n1,type=hwthread,type-id=0,unit=Percent value=1.5 1700000000000000000\n\
+cpu_idle,hostname=n1,type=node value=97 1700000000000000000\n\
+mem_free,hostname=n\\ 1,unit=kB value=123i\n\
+note,hostname=n1 text=\"a \\\"b\\\" c\",ok=true,n=3u 1700000000000000000\n";
+
+/// Any bytes as a plugin's `emit-lines` batch, under limits the first byte picks; with its
+/// top bit set, the rest instead edits a valid batch (each pair of bytes writes a byte at a
+/// position). Nothing panics; a refused batch leaves nothing in the output and names a line
+/// that exists; an accepted batch decodes without error into as many points as the check
+/// counted, each within the limits and with a time, each line the input's own (with the time
+/// appended where it had none), and checking the output again accepts it unchanged.
+pub fn emit_check(data: &[u8]) {
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    let limits = BatchLimits {
+        max_points: [1, 3, 100, 10_000][usize::from(pick & 3)],
+        max_bytes: if pick & 4 != 0 { 64 } else { 1 << 20 },
+        max_line_len: if pick & 8 != 0 { 48 } else { 64 << 10 },
+        max_tags: [0, 2, 64, 64][usize::from((pick >> 4) & 3)],
+        max_fields: if pick & 0x40 != 0 { 1 } else { 1024 },
+    };
+    let mutated;
+    let input = if pick & 0x80 != 0 {
+        let mut batch = VALID_BATCH.to_vec();
+        for edit in rest.chunks_exact(2) {
+            let at = usize::from(edit[0]) % batch.len();
+            batch[at] = edit[1];
+        }
+        mutated = batch;
+        &mutated[..]
+    } else {
+        rest
+    };
+    const NOW: i64 = 1_700_000_000_999_999_999;
+    let prefix = b"earlier batch\n";
+    let mut out = prefix.to_vec();
+    let mut clock_reads = 0;
+    let result = check_batch(
+        input,
+        &limits,
+        &mut || {
+            clock_reads += 1;
+            NOW
+        },
+        &mut out,
+    );
+    assert!(clock_reads <= 1, "the clock is read once at most");
+    assert!(out.starts_with(prefix), "what came before is kept");
+    let lines_in_input = input.iter().filter(|&&b| b == b'\n').count() + 1;
+    let points = match result {
+        Err(error) => {
+            assert_eq!(out, prefix, "a refused batch leaves nothing: {error}");
+            if let Some(line) = error.line() {
+                assert!(line >= 1 && line <= lines_in_input, "{error}");
+            }
+            if let BatchError::TooLarge { bytes, limit } = error {
+                assert!(bytes > limit && bytes == input.len());
+            }
+            let _ = error.to_string();
+            return;
+        }
+        Ok(points) => points,
+    };
+    assert!(input.len() <= limits.max_bytes);
+    assert!(points <= limits.max_points);
+    let checked = &out[prefix.len()..];
+    // The input decodes without an error into the lines the output holds.
+    let options = DecoderOptions {
+        max_line_len: limits.max_line_len,
+        ..DecoderOptions::default()
+    };
+    let originals: Vec<_> = Decoder::with_options(input, options)
+        .map(|line| line.expect("an accepted batch decodes"))
+        .collect();
+    let relaxed = DecoderOptions {
+        max_line_len: usize::MAX,
+        ..DecoderOptions::default()
+    };
+    let sent: Vec<_> = Decoder::with_options(checked, relaxed)
+        .map(|line| line.expect("what is sent decodes"))
+        .collect();
+    assert_eq!(sent.len(), points);
+    assert_eq!(originals.len(), points);
+    for (line, original) in sent.iter().zip(&originals) {
+        assert!(line.tag_count() <= limits.max_tags);
+        assert!(line.field_count() <= limits.max_fields && line.field_count() >= 1);
+        assert_eq!(line.tag_count(), line.tags().count());
+        let keys: Vec<&str> = line.tags().map(|(k, _)| k.raw()).collect();
+        let mut unique = keys.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), keys.len(), "a tag key repeated");
+        assert_eq!(line.field_count(), line.fields().count());
+        match original.time() {
+            Some(time) => {
+                assert_eq!(line.raw(), original.raw());
+                assert_eq!(line.time(), Some(time));
+            }
+            None => {
+                assert_eq!(line.raw(), format!("{} {NOW}", original.raw()));
+                assert_eq!(line.time(), Some(NOW));
+            }
+        }
+        assert_eq!(
+            Point::from_line(line).fields,
+            Point::from_line(original).fields
+        );
+    }
+    // Checked again (every line has its time now), the output passes unchanged.
+    let again = BatchLimits {
+        max_bytes: usize::MAX,
+        max_line_len: usize::MAX,
+        ..limits
+    };
+    let mut twice = Vec::new();
+    let recheck = check_batch(checked, &again, &mut || unreachable!(), &mut twice);
+    assert_eq!(recheck, Ok(points));
+    assert_eq!(twice, checked);
 }

@@ -10,6 +10,10 @@
 //!
 //! Both sides allocate with mimalloc, as the `ccfleet` binary does.
 //!
+//! The group `emit-check` compares, on the lines `cpustat` emits for one round (90 points),
+//! the host's check of an `emit-lines` batch with decoding the same lines reading every
+//! token (what the codec bench measures), per point.
+//!
 //! Run with `cargo bench -p ccfleet-host --bench collectors`; the plugins are built from
 //! guest/ first, as in the tests. The fixtures are those of `tests/collectors.rs`; for the
 //! collectors that report deltas, the round's file is swapped between calls (outside the
@@ -25,7 +29,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ccfleet::lineproto::{Encoder, FieldRef};
+use ccfleet::lineproto::{BatchLimits, Decoder, Encoder, FieldRef, FieldValue, check_batch};
 use ccfleet_collectors::{
     Collector, Common, Files, FsStats, Runner, Sample, Value, cpufreq, cpustat, diskstat, iostat,
     loadavg, memstat, netstat, numastats, tempstat,
@@ -103,6 +107,14 @@ impl Files for DirFiles {
 
 /// Natively, through the checks the host applies to a plugin's reads.
 struct GrantedFiles(FileGrants);
+
+impl GrantedFiles {
+    /// A round, as a plugin call is one: the secrets are looked up again at its first read.
+    fn round(&mut self) -> &mut Self {
+        self.0.begin_call();
+        self
+    }
+}
 
 impl Files for GrantedFiles {
     fn read(&mut self, path: &str) -> Result<String, String> {
@@ -325,6 +337,7 @@ impl<C: Collector> Native<C> {
         let value = match sample.value {
             Value::Float(v) => FieldRef::Float(v),
             Value::Int(v) => FieldRef::Int(v),
+            Value::Uint(v) => FieldRef::Uint(v),
         };
         enc.add_field("value", value).unwrap();
         enc.end_line(Some(now_ns)).unwrap();
@@ -342,6 +355,7 @@ fn bench_collectors(c: &mut Criterion) {
     })
     .unwrap();
     let mut group = c.benchmark_group("collect");
+    let mut cpustat_lines = Vec::new();
     group.sample_size(30);
     group.warm_up_time(Duration::from_millis(500));
     group.measurement_time(Duration::from_secs(3));
@@ -381,7 +395,7 @@ fn bench_collectors(c: &mut Criterion) {
             assert_eq!(tokio.block_on(instance.collect(now)), Ok(Ok(())));
             let component = drain_lines(&mut rx);
             let direct = native.collect(&mut files, now);
-            let through_grants = checked.collect(&mut granted, now);
+            let through_grants = checked.collect(granted.round(), now);
             if round == 1 {
                 assert!(!component.is_empty(), "{} emits", case.name);
                 assert_eq!(
@@ -391,6 +405,9 @@ fn bench_collectors(c: &mut Criterion) {
                     case.name
                 );
                 assert_eq!(direct, through_grants);
+                if case.name == "cpustat" {
+                    cpustat_lines = component.clone();
+                }
             }
         }
         group.bench_function(format!("{}/component", case.name), |b| {
@@ -419,12 +436,57 @@ fn bench_collectors(c: &mut Criterion) {
                 || swap.next(),
                 |()| {
                     now += 10_000_000_000;
-                    checked.collect(&mut granted, now)
+                    checked.collect(granted.round(), now)
                 },
                 BatchSize::PerIteration,
             )
         });
     }
+    group.finish();
+    bench_emit_check(c, &cpustat_lines);
+}
+
+/// Reads every token of every line, as the codec bench's decode does.
+fn decode_reading_every_token(text: &[u8]) -> usize {
+    let mut scratch = String::new();
+    let mut sum = 0;
+    for line in Decoder::new(text) {
+        let line = line.expect("valid input");
+        sum += line.measurement().unescape_with(&mut scratch).len();
+        for (k, v) in line.tags() {
+            sum += k.unescape_with(&mut scratch).len() + v.unescape_with(&mut scratch).len();
+        }
+        for (k, v) in line.fields() {
+            sum += k.unescape_with(&mut scratch).len();
+            sum += match v {
+                FieldValue::String(s) => s.unescape_with(&mut scratch).len(),
+                FieldValue::Float(f) => f as usize,
+                FieldValue::Int(i) => i as usize,
+                FieldValue::Uint(u) => u as usize,
+                FieldValue::Bool(b) => b as usize,
+            };
+        }
+        sum += line.time().unwrap_or_default() as usize;
+    }
+    sum
+}
+
+fn bench_emit_check(c: &mut Criterion, lines: &[u8]) {
+    let points = Decoder::new(lines).count();
+    assert_eq!(points, 90, "cpustat's round on the fixture");
+    let mut group = c.benchmark_group("emit-check");
+    group.throughput(criterion::Throughput::Elements(points as u64));
+    let limits = BatchLimits::default();
+    group.bench_function("cpustat/check", |b| {
+        b.iter(|| {
+            let mut out = Vec::new();
+            let checked = check_batch(lines, &limits, &mut || 0, &mut out);
+            (checked, out)
+        })
+    });
+    group.bench_function("cpustat/decode-every-token", |b| {
+        b.iter(|| decode_reading_every_token(lines))
+    });
     group.finish();
 }
 

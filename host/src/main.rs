@@ -22,8 +22,9 @@ const ERROR: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    let format = cli.log.log_format;
     if let Err(err) = cli::logging::init(&cli.log, cli.command.default_log_filter()) {
-        return report(&err);
+        return report(format, &err);
     }
     // The agent picks its own runtime (one thread by default: see `cli::agent`); every other
     // command runs on tokio's default multi-threaded runtime.
@@ -38,11 +39,16 @@ fn main() -> ExitCode {
     };
     let runtime = match runtime {
         Ok(runtime) => runtime,
-        Err(err) => return report(&anyhow::Error::new(err).context("cannot start the runtime")),
+        Err(err) => {
+            return report(
+                format,
+                &anyhow::Error::new(err).context("cannot start the runtime"),
+            )
+        }
     };
     match runtime.block_on(cli::run(cli)) {
         Ok(code) => code,
-        Err(err) => report(&err),
+        Err(err) => report(format, &err),
     }
 }
 
@@ -60,11 +66,14 @@ fn no_transparent_huge_pages() {
     }
 }
 
-fn report(err: &anyhow::Error) -> ExitCode {
+/// Prints the error on one line of standard error, in the log format (`--log-format json`
+/// makes it a JSON event like the log lines before it).
+fn report(format: cli::logging::Format, err: &anyhow::Error) -> ExitCode {
     // `ccfleet decode big.lp | head`: the reader has what it wanted.
     if cli::is_broken_pipe(err) {
         return ExitCode::SUCCESS;
     }
-    let _ = writeln!(std::io::stderr(), "ccfleet: {}", cli::one_line(err));
+    let line = cli::logging::fatal_line(format, &cli::one_line(err));
+    let _ = writeln!(std::io::stderr(), "{line}");
     ExitCode::from(ERROR)
 }

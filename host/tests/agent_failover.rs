@@ -4,11 +4,12 @@
 //!
 //! The scenario runs twice: with the two servers on one SQLite registry file, and with
 //! them on one JetStream key-value registry (a real nats-server with JetStream), the
-//! scale-out setup. A server on SQLite loads the registry into memory only when it starts,
-//! so there the second server is started only after the agent registered with the first;
-//! on JetStream both run from the start and the second learns of the registration from
-//! the bucket. Both read the same configuration tree, so they give the same revision and
-//! ETag.
+//! scale-out setup. Only one server may run on a SQLite file at a time (it holds a lock on
+//! it), so there the second server is a cold standby: it starts on the file once the first
+//! was killed, loads the registry and takes over; the first cannot come back while it runs.
+//! On JetStream both run from the start, the second learns of the registration from the
+//! bucket, and the agent returns to the first once it is back. Both read the same
+//! configuration tree, so they give the same revision and ETag.
 
 #[path = "support/agent_process.rs"]
 mod agent_process;
@@ -157,16 +158,17 @@ fn count(lines: &[String], needle: &str) -> usize {
     lines.iter().filter(|l| l.contains(needle)).count()
 }
 
-/// The scenario: the agent registers with server A; server B starts (after the
-/// registration); A is SIGKILLed; the agent goes on with B (heartbeats, a configuration
-/// change) under the same identity; A comes back and the agent returns to it. `registry`
-/// holds the server configuration keys of the shared registry. With `b_first`, B runs
-/// before the agent registers and has to learn of the registration while it runs.
-fn failover_scenario(dir: &Path, registry: &Value, b_first: bool) {
+/// The scenario: the agent registers with server A; A is SIGKILLed; the agent goes on with
+/// server B (heartbeats, a configuration change) under the same identity; with a registry
+/// both can share at once, A comes back and the agent returns to it. `registry` holds the
+/// server configuration keys of the shared registry. With `hot`, B runs before the agent
+/// registers and has to learn of the registration while it runs; without, B starts on the
+/// registry only after A was killed (one server per SQLite file).
+fn failover_scenario(dir: &Path, registry: &Value, hot: bool) {
     let tree: PathBuf = dir.join("tree");
     write_tree(&tree, "10s");
     let (port_a, port_b, metrics) = (free_port(), free_port(), free_port());
-    let mut early_b = b_first.then(|| ServerProcess::start("b", dir, port_b, &tree, registry));
+    let early_b = hot.then(|| ServerProcess::start("b", dir, port_b, &tree, registry));
     let server_a = ServerProcess::start("a", dir, port_a, &tree, registry);
 
     let agent_dir = dir.join("agent");
@@ -201,13 +203,11 @@ fn failover_scenario(dir: &Path, registry: &Value, b_first: bool) {
         server_a.rest_heartbeats() >= 2.0
     });
 
-    // Unless it runs already, the second server starts after the registration (a server on
-    // SQLite loads the registry at start only).
-    let server_b = early_b
-        .take()
-        .unwrap_or_else(|| ServerProcess::start("b", dir, port_b, &tree, registry));
     let killed_at = agent.log().len();
     server_a.kill();
+    // Unless it runs already, the second server takes over the registry now.
+    let server_b =
+        early_b.unwrap_or_else(|| ServerProcess::start("b", dir, port_b, &tree, registry));
 
     agent.wait_for_log("failing over", WAIT);
     eventually("the agent on the second server", || on(port_b));
@@ -242,6 +242,13 @@ fn failover_scenario(dir: &Path, registry: &Value, b_first: bool) {
     assert_eq!(failovers.len(), 1, "{log:#?}");
     assert!(failovers[0].contains(&url(port_a)), "{}", failovers[0]);
     assert!(failovers[0].contains(&url(port_b)), "{}", failovers[0]);
+    if !hot {
+        // The first server cannot come back while the second holds the SQLite file.
+        for line in &log {
+            assert!(!line.contains(USERINFO_PASSWORD), "password logged: {line}");
+        }
+        return;
+    }
 
     // The first server comes back (same port, same registry): the agent returns to it.
     let server_a = ServerProcess::start("a", dir, port_a, &tree, registry);
@@ -265,8 +272,8 @@ fn failover_scenario(dir: &Path, registry: &Value, b_first: bool) {
     assert!(!body.contains(USERINFO_PASSWORD), "{body}");
 }
 
-/// Both servers on one SQLite file. A server loads the registry when it starts, so the second
-/// is started only after the agent registered with the first (see the module docs).
+/// Both servers on one SQLite file, one at a time: the second starts on the file once the
+/// first was killed (see the module docs).
 #[test]
 fn an_agent_with_two_server_urls_keeps_working_when_the_first_server_is_killed() {
     let dir = tempfile::tempdir().unwrap();

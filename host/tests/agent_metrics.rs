@@ -1,7 +1,7 @@
 //! The agent's monitoring listener (`metrics-addr`): `/metrics` is valid Prometheus text (read
 //! back with a real parser) counting plugin states, restarts, quarantines, calls and their
-//! latency, points emitted and dropped, the metric output and the connections; `/healthz`
-//! names what is down; neither shows a secret. Real peers: the project's fleet server, a real
+//! latency, points emitted and dropped, the metric output and the connections; `/readyz`
+//! names what is down while `/healthz` says the agent is alive; none shows a secret. Real peers: the project's fleet server, a real
 //! nats-server and the guest plugins built from source.
 
 #[path = "support/fleet_server.rs"]
@@ -158,9 +158,10 @@ async fn scrape_until(addr: SocketAddr, what: &str, ready: impl Fn(&Scrape) -> b
 /// Item 11.9: the agent had no way to be monitored. With `metrics-addr` it serves valid
 /// Prometheus text that counts what its plugins do (a collector emitting points, a plugin that
 /// traps until it is quarantined, one whose batches are refused) and its connections, and
-/// `/healthz` names the quarantined plugin and the lost NATS connection.
+/// `/readyz` names the quarantined plugin and the lost NATS connection; `/healthz` stays 200:
+/// the agent is alive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_count_calls_points_restarts_and_quarantines_and_healthz_names_what_is_down() {
+async fn metrics_count_calls_points_restarts_and_quarantines_and_readyz_names_what_is_down() {
     let mut nats = nats::NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
     let server = fleet_server::start(dir.path()).await;
@@ -323,23 +324,40 @@ async fn metrics_count_calls_points_restarts_and_quarantines_and_healthz_names_w
         .is_some()
     );
 
-    let (status, health) = get(addr, "/healthz").await;
+    let (status, health) = get(addr, "/readyz").await;
     assert_eq!(status, 503, "{health}");
+    let ready: Json = serde_json::from_str(&health).unwrap();
+    let reasons = ready["reasons"].to_string();
     assert!(
-        health.contains("plugin hostile-trap: quarantined"),
+        reasons.contains("plugin hostile-trap is quarantined"),
         "{health}"
     );
-    assert!(health.contains("plugin loadavg: running"), "{health}");
-    assert!(health.contains("nats: connected"), "{health}");
+    assert!(!reasons.contains("loadavg"), "{health}");
+    assert_eq!(ready["nats"], "connected", "{health}");
+    let plugin = |name: &str| {
+        ready["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(plugin("loadavg")["state"], "running", "{health}");
+    let (status, alive) = get(addr, "/healthz").await;
+    assert_eq!(
+        status, 200,
+        "a quarantined plugin is no reason to restart: {alive}"
+    );
 
     nats.kill();
     scrape_until(addr, "NATS to be seen down", |s| {
         value(s, "ccfleet_agent_nats_connected", &[]) == Some(0.0)
     })
     .await;
-    let (status, health) = get(addr, "/healthz").await;
+    let (status, health) = get(addr, "/readyz").await;
     assert_eq!(status, 503);
-    assert!(health.contains("nats: disconnected"), "{health}");
+    assert!(health.contains("NATS is not connected"), "{health}");
 
     // No secret anywhere: not the token, not the NATS credentials or address (the instance id
     // is never read by the listener).
@@ -354,10 +372,10 @@ async fn metrics_count_calls_points_restarts_and_quarantines_and_healthz_names_w
     let _ = agent.shutdown().await;
 }
 
-/// With every part up, `/healthz` answers 200; without NATS there is no NATS gauge, and the
-/// output is counted as stdout. The listener goes away with the agent.
+/// With every part up, `/healthz` and `/readyz` answer 200; without NATS there is no NATS
+/// gauge, and the output is counted as stdout. The listener goes away with the agent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn healthz_is_ok_while_every_part_is_up_and_the_listener_stops_with_the_agent() {
+async fn healthz_and_readyz_are_ok_while_every_part_is_up_and_the_listener_stops_with_the_agent() {
     let dir = tempfile::tempdir().unwrap();
     let server = fleet_server::start(dir.path()).await;
     let config = agent_config(&server.base_url(), dir.path(), json!([loadavg()]));
@@ -376,17 +394,21 @@ async fn healthz_is_ok_while_every_part_is_up_and_the_listener_stops_with_the_ag
     assert!(value(&scrape, "ccfleet_agent_nats_connected", &[]).is_none());
     let (status, health) = get(addr, "/healthz").await;
     assert_eq!(status, 200, "{health}");
-    assert!(
-        health.starts_with("ok\n") && health.contains("fleet: registered"),
-        "{health}"
-    );
+    let alive: Json = serde_json::from_str(&health).unwrap();
+    assert_eq!(alive["status"], "alive", "{health}");
+    assert_eq!(alive["reasons"], json!([]), "{health}");
+    let (status, health) = get(addr, "/readyz").await;
+    assert_eq!(status, 200, "{health}");
+    let ready: Json = serde_json::from_str(&health).unwrap();
+    assert_eq!(ready["status"], "ready", "{health}");
+    assert_eq!(ready["fleet"]["registered"], true, "{health}");
 
     agent.shutdown().await.expect("clean shutdown");
     // Another test of this binary may have been given the freed port since; what must not
     // answer there is this agent.
     if let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await {
         let _ = stream
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
             .await;
         let mut answer = Vec::new();
         let _ = tokio::time::timeout(
@@ -395,13 +417,13 @@ async fn healthz_is_ok_while_every_part_is_up_and_the_listener_stops_with_the_ag
         )
         .await;
         let answer = String::from_utf8_lossy(&answer);
-        assert!(!answer.contains("fleet: registered"), "still listening");
+        assert!(!answer.contains("\"registered\":true"), "still listening");
     }
 }
 
 /// While cc-backend cannot be reached the agent runs from its local configuration: the
-/// metrics say it is not registered and which fleet operations fail, and `/healthz` names
-/// that without calling the agent unhealthy.
+/// metrics say it is not registered, which fleet operations fail and that the server is down,
+/// and `/readyz` names that without `/healthz` calling the agent dead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_fleet_shows_as_unregistered_with_failing_operations() {
     let dir = tempfile::tempdir().unwrap();
@@ -416,10 +438,21 @@ async fn an_unreachable_fleet_shows_as_unregistered_with_failing_operations() {
     .await;
     assert_eq!(counter(&scrape, "ccfleet_agent_fleet_registered", &[]), 0.0);
     assert!(value(&scrape, "ccfleet_agent_config_info", &[("source", "none")]).is_some());
+    assert_eq!(
+        counter(
+            &scrape,
+            "ccfleet_agent_fleet_server_down",
+            &[("url", "http://127.0.0.1:1")]
+        ),
+        1.0,
+        "the only server refuses connections"
+    );
     let (status, health) = get(addr, "/healthz").await;
     assert_eq!(status, 200, "{health}");
+    let (status, health) = get(addr, "/readyz").await;
+    assert_eq!(status, 503, "{health}");
     assert!(
-        health.contains("fleet: not registered, 1 operation(s) failing"),
+        health.contains("not registered with the fleet server http://127.0.0.1:1"),
         "{health}"
     );
     let _ = agent.shutdown().await;

@@ -239,3 +239,98 @@ fn on_a_pipe_a_string_with_bad_utf8_is_judged_once_it_is_whole() {
     assert_eq!(rest[1]["time"], 7);
     assert_eq!(child.wait().unwrap().code(), Some(1));
 }
+
+#[test]
+fn a_file_is_decoded_with_its_name_and_line_numbers_across_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("capture.lp");
+    // A string with a raw newline straddles the decoder's 64 KiB reads.
+    let mut input = Vec::new();
+    input.extend_from_slice(b"m v=1 1\n");
+    input.extend_from_slice(b"s text=\"");
+    input.extend(std::iter::repeat_n(b'x', 70_000));
+    input.extend_from_slice(b"\nsecond half\" 2\n");
+    input.extend_from_slice(b"not line protocol\n");
+    input.extend_from_slice(b"m v=3 3\n");
+    std::fs::write(&path, &input).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ccfleet"))
+        .arg("decode")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "a bad line is status 1");
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let shown = path.display().to_string();
+    assert!(
+        lines.iter().all(|l| l["file"] == shown.as_str()),
+        "{lines:?}"
+    );
+    let text = lines[1]["fields"][0]["value"]["string"].as_str().unwrap();
+    assert_eq!(text.len(), 70_000 + "\nsecond half".len());
+    assert_eq!(lines[2]["line"], 4, "{:?}", lines[2]);
+    assert_eq!(lines[3]["time"], 3);
+}
+
+/// Runs `ccfleet decode FILE` with its output discarded; returns the child's peak resident
+/// memory in KiB (`ru_maxrss` of that child alone, from `wait4`).
+#[cfg(target_os = "linux")]
+// The child is reaped by `wait4` below, which also reports its peak memory.
+#[allow(clippy::zombie_processes)]
+fn decode_peak_kib(path: &std::path::Path) -> i64 {
+    let child = Command::new(env!("CARGO_BIN_EXE_ccfleet"))
+        .arg("decode")
+        .arg(path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our child, not reaped yet (the `Child` never waits for it); both
+    // pointers are to live locals.
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(reaped, pid, "wait4: {}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "status {status}"
+    );
+    usage.ru_maxrss
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_large_file_is_streamed_in_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = {
+        let mut line = b"m,host=a s=\"".to_vec();
+        line.extend(std::iter::repeat_n(b'y', 60_000));
+        line.extend_from_slice(b"\" 1\n");
+        line
+    };
+    let small = dir.path().join("small.lp");
+    std::fs::write(&small, &line).unwrap();
+    // 48 MiB: read whole, it would show in the peak at once.
+    let big = dir.path().join("big.lp");
+    {
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&big).unwrap());
+        for _ in 0..(48 << 20) / line.len() {
+            file.write_all(&line).unwrap();
+        }
+        file.flush().unwrap();
+    }
+    let baseline = decode_peak_kib(&small);
+    let peak = decode_peak_kib(&big);
+    assert!(
+        peak < baseline + 16 * 1024,
+        "decoding 48 MiB peaked at {peak} KiB against {baseline} KiB for one line"
+    );
+}

@@ -80,6 +80,14 @@ async fn migrate_copies_a_sqlite_registry_once_and_counts_what_it_did() {
 
     let first = migrate(&config, &db);
     assert!(first.status.success(), "{}", text(&first.stderr));
+    // Progress goes to the log, the counts to standard output.
+    let log = text(&first.stderr);
+    assert!(
+        log.contains("migrate: connected to NATS at nats://127.0.0.1:"),
+        "{log}"
+    );
+    assert!(log.contains("migrate: copying 3 member(s)"), "{log}");
+    assert!(log.contains("migrate: 3 of 3 member(s) done"), "{log}");
     assert!(
         text(&first.stdout).contains("3 copied, 0 already present, 0 skipped"),
         "{}",
@@ -143,4 +151,42 @@ fn migrate_refuses_a_missing_file_and_a_sqlite_configuration() {
         "{}",
         text(&out.stderr)
     );
+}
+
+#[test]
+fn migrate_names_an_unreachable_nats_and_why_within_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let db = dir.path().join("fleet.sqlite");
+    drop(Registry::open(Some(&db)).unwrap());
+    let config = dir.path().join("server.json");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{"nats": {{"address": "nats://user:s3cret@127.0.0.1:{port}"}}, "registry": {{"type": "jetstream-kv"}}}}"#
+        ),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let out = migrate(&config, &db);
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("cannot reach NATS at nats://127.0.0.1:{port}")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.to_lowercase().contains("refused"),
+        "the cause: {stderr}"
+    );
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+    // Not the 30 s of JetStream request timeouts it took before; the bound is the connect
+    // deadline (5 s) with room for a loaded machine.
+    assert!(took < Duration::from_secs(20), "took {took:?}");
 }

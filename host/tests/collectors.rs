@@ -30,6 +30,7 @@ const HOST: &str = "fixture-node";
 enum V {
     F(f64),
     I(i64),
+    U(u64),
 }
 
 /// One point as emitted (or expected): name, tags, value.
@@ -62,6 +63,11 @@ fn round(n: u8) -> PathBuf {
     fixtures().join(format!("round{n}"))
 }
 
+/// The recorded rounds of the HPC collectors (NFS, InfiniBand, RAPL, Slurm cgroups, ...).
+fn hpc_round(n: u8) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/hpc/round{n}"))
+}
+
 /// Copies a tree over `to`, replacing files that exist.
 fn copy_tree(from: &Path, to: &Path) {
     for entry in std::fs::read_dir(from).unwrap() {
@@ -90,8 +96,23 @@ struct Run {
 
 impl Run {
     async fn start(component: &str, config: serde_json::Value, grants: &[&str]) -> Run {
+        Run::start_over(&round(1), component, config, grants, false).await
+    }
+
+    /// A plugin over the HPC fixtures' first round, with `capabilities.mount-info`.
+    async fn hpc(component: &str, config: serde_json::Value, grants: &[&str]) -> Run {
+        Run::start_over(&hpc_round(1), component, config, grants, true).await
+    }
+
+    async fn start_over(
+        first: &Path,
+        component: &str,
+        config: serde_json::Value,
+        grants: &[&str],
+        mount_info: bool,
+    ) -> Run {
         let root = tempfile::tempdir().unwrap();
-        copy_tree(&round(1), root.path());
+        copy_tree(first, root.path());
         let runtime = Runtime::new(RuntimeOptions {
             cache_dir: None,
             ..RuntimeOptions::default()
@@ -104,6 +125,7 @@ impl Run {
             .read_files
             .push("/proc/sys/kernel/hostname".to_owned());
         spec.capabilities.files_root = Some(root.path().to_path_buf());
+        spec.capabilities.mount_info = mount_info;
         let loaded = runtime.load(&spec).await.expect("loads");
         let (sink, rx) = sink::channel(16);
         let instance = loaded
@@ -141,6 +163,7 @@ impl Run {
                 let value = match fields[0].1 {
                     LpValue::Float(v) => V::F(v),
                     LpValue::Int(v) => V::I(v),
+                    LpValue::Uint(v) => V::U(v),
                     ref other => panic!("unexpected value {other:?}"),
                 };
                 points.push(Got {
@@ -153,13 +176,43 @@ impl Run {
         points
     }
 
+    /// Calls `collect`, which must fail (and not trap): its message.
+    async fn collect_fails(&mut self, now_ns: i64) -> String {
+        match self.instance.collect(now_ns).await {
+            Ok(Err(message)) => {
+                assert!(
+                    self.rx.try_recv().is_err(),
+                    "nothing emitted by a failed round"
+                );
+                message
+            }
+            other => panic!("collect must fail with the plugin's error: {other:?}"),
+        }
+    }
+
+    /// Makes round `n` of the HPC fixtures the current files.
+    fn put_hpc(&self, n: u8) {
+        copy_tree(&hpc_round(n), self.root());
+    }
+
+    fn remove(&self, path: &str) {
+        let path = self.root().join(path.trim_start_matches('/'));
+        if path.is_dir() {
+            std::fs::remove_dir_all(path).unwrap();
+        } else {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+
     /// Makes round `n` the current files.
     fn put(&self, n: u8) {
         copy_tree(&round(n), self.root());
     }
 
     fn write(&self, path: &str, text: &str) {
-        std::fs::write(self.root().join(path.trim_start_matches('/')), text).unwrap();
+        let path = self.root().join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
     }
 }
 
@@ -179,6 +232,7 @@ fn assert_points(mut got: Vec<Got>, mut expected: Vec<Got>) {
     for (g, e) in got.iter().zip(&expected) {
         let same = match (g.value, e.value) {
             (V::I(a), V::I(b)) => a == b,
+            (V::U(a), V::U(b)) => a == b,
             (V::F(a), V::F(b)) => (a - b).abs() <= 1e-9 * b.abs().max(1.0),
             _ => false,
         };
@@ -629,8 +683,8 @@ async fn diskstat_reports_granted_mount_points_through_the_hosts_statvfs() {
     let expected = |(total, free): (i64, i64)| {
         let tags = [("type", "node"), ("device", "/"), ("unit", "GBytes")];
         vec![
-            point("disk_total", &tags, V::I(total)),
-            point("disk_free", &tags, V::I(free)),
+            point("disk_total", &tags, V::U(total as u64)),
+            point("disk_free", &tags, V::U(free as u64)),
             point(
                 "part_max_used",
                 &[("type", "node"), ("unit", "percent")],
@@ -868,4 +922,969 @@ async fn a_component_built_against_wit_0_2_0_still_instantiates_and_reads_files(
         text.starts_with(&format!("load_one,hostname=n1,type=node value={load_one} ")),
         "{text}"
     );
+}
+
+// ---- The HPC collectors (fixtures/hpc): NFS, scheduler, InfiniBand, RAPL, Slurm cgroups,
+// ---- and diskstat over the mount table.
+
+/// The counters of `/proc/net/rpc/nfs`'s `procN` line.
+fn rpc_line(text: &str, label: &str) -> Vec<u64> {
+    let line = text.lines().find(|l| l.starts_with(label)).unwrap();
+    line.split_whitespace()
+        .skip(2)
+        .map(|n| n.parse().unwrap())
+        .collect()
+}
+
+/// What `nfsstat -l` lists and cc-metric-collector turns into `<prefix>_<op>` deltas:
+/// operations non-zero in both rounds, and the total when both sums are.
+fn nfs_expected(prefix: &str, names: &[&str], old: &[u64], new: &[u64]) -> Vec<Got> {
+    let tags = [("type", "node")];
+    let increase = |a: u64, b: u64| {
+        if b >= a { b - a } else { (1u64 << 32) - a + b }
+    };
+    let mut out = Vec::new();
+    let mut total = 0;
+    for (i, name) in names.iter().enumerate() {
+        let (a, b) = (old[i], new[i]);
+        total += increase(a, b);
+        if a != 0 && b != 0 {
+            out.push(point(
+                &format!("{prefix}_{name}"),
+                &tags,
+                V::I(increase(a, b) as i64),
+            ));
+        }
+    }
+    if old[..names.len()].iter().sum::<u64>() != 0 && new[..names.len()].iter().sum::<u64>() != 0 {
+        out.push(point(&format!("{prefix}_total"), &tags, V::I(total as i64)));
+    }
+    out
+}
+
+const NFS3: [&str; 22] = [
+    "null",
+    "getattr",
+    "setattr",
+    "lookup",
+    "access",
+    "readlink",
+    "read",
+    "write",
+    "create",
+    "mkdir",
+    "symlink",
+    "mknod",
+    "remove",
+    "rmdir",
+    "rename",
+    "link",
+    "readdir",
+    "readdirplus",
+    "fsstat",
+    "fsinfo",
+    "pathconf",
+    "commit",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nfs3stat_sends_nfsstats_counter_increases_across_wraps_and_bad_files() {
+    let mut run = Run::hpc("nfs3stat", json!({}), &["/proc/net/rpc/nfs"]).await;
+    let first = rpc_line(&read(run.root(), "/proc/net/rpc/nfs"), "proc3");
+    assert_points(run.collect(T1).await, Vec::new());
+
+    run.put_hpc(2);
+    let second = rpc_line(&read(run.root(), "/proc/net/rpc/nfs"), "proc3");
+    let got = run.collect(T2).await;
+    assert!(
+        !got.iter().any(|p| p.name == "nfs3_readlink"),
+        "0 in round 1"
+    );
+    assert_points(got, nfs_expected("nfs3", &NFS3, &first, &second));
+
+    // Round 3: getattr runs up to just below 2^32; round 4: it wraps to 7.
+    let round2 = read(run.root(), "/proc/net/rpc/nfs");
+    let with_proc3 = |counters: &[u64]| {
+        round2.replace(
+            &format!("proc3 22 {}", join(&second)),
+            &format!("proc3 22 {}", join(counters)),
+        )
+    };
+    let mut second_near_wrap = second.clone();
+    second_near_wrap[1] = u64::from(u32::MAX) - 2;
+    let mut third = second.clone();
+    third[1] = 7;
+    let text = with_proc3(&third);
+    run.write("/proc/net/rpc/nfs", &with_proc3(&second_near_wrap));
+    assert_points(
+        run.collect(T3).await,
+        nfs_expected("nfs3", &NFS3, &second, &second_near_wrap),
+    );
+    run.write("/proc/net/rpc/nfs", &text);
+    let got = run.collect(T3 + 5_000_000_000).await;
+    assert!(got.contains(&point("nfs3_getattr", &[("type", "node")], V::I(10))));
+    assert_points(got, nfs_expected("nfs3", &NFS3, &second_near_wrap, &third));
+
+    // A file cut short fails the round, naming the problem; the next round counts from the
+    // last good one.
+    run.write("/proc/net/rpc/nfs", "net 0 0 0 0\nproc3 22 1 2 3\n");
+    let message = run.collect_fails(T3 + 10_000_000_000).await;
+    assert!(
+        message.contains("proc3 announces 22 counters but has 3"),
+        "{message}"
+    );
+    let mut fourth = third.clone();
+    fourth[6] += 100;
+    run.write("/proc/net/rpc/nfs", &with_proc3(&fourth));
+    assert_points(
+        run.collect(T3 + 15_000_000_000).await,
+        nfs_expected("nfs3", &NFS3, &third, &fourth),
+    );
+}
+
+fn join(numbers: &[u64]) -> String {
+    numbers
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nfs4stat_uses_nfs_utils_names_and_hides_operations_nfsstat_does_not_list() {
+    // nfs-utils' NFSv4 client operation names, in the kernel's order.
+    const NFS4: [&str; 69] = [
+        "null",
+        "read",
+        "write",
+        "commit",
+        "open",
+        "open_conf",
+        "open_noat",
+        "open_dgrd",
+        "close",
+        "setattr",
+        "fsinfo",
+        "renew",
+        "setclntid",
+        "confirm",
+        "lock",
+        "lockt",
+        "locku",
+        "access",
+        "getattr",
+        "lookup",
+        "lookup_root",
+        "remove",
+        "rename",
+        "link",
+        "symlink",
+        "create",
+        "pathconf",
+        "statfs",
+        "readlink",
+        "readdir",
+        "server_caps",
+        "delegreturn",
+        "getacl",
+        "setacl",
+        "fs_locations",
+        "rel_lkowner",
+        "secinfo",
+        "fsid_present",
+        "exchange_id",
+        "create_session",
+        "destroy_session",
+        "sequence",
+        "get_lease_time",
+        "reclaim_comp",
+        "layoutget",
+        "getdevinfo",
+        "layoutcommit",
+        "layoutreturn",
+        "secinfo_no",
+        "test_stateid",
+        "free_stateid",
+        "getdevicelist",
+        "bind_conn_to_ses",
+        "destroy_clientid",
+        "seek",
+        "allocate",
+        "deallocate",
+        "layoutstats",
+        "clone",
+        "copy",
+        "offload_cancel",
+        "lookupp",
+        "layouterror",
+        "copy_notify",
+        "getxattr",
+        "setxattr",
+        "listxattrs",
+        "removexattr",
+        "read_plus",
+    ];
+    let mut run = Run::hpc(
+        "nfs4stat",
+        json!({"nfsstat": "/usr/sbin/nfsstat", "exclude_metrics": ["nfs4_null"]}),
+        &["/proc/net/rpc/nfs"],
+    )
+    .await;
+    let first = rpc_line(&read(run.root(), "/proc/net/rpc/nfs"), "proc4");
+    assert_points(run.collect(T1).await, Vec::new());
+    run.put_hpc(2);
+    let second = rpc_line(&read(run.root(), "/proc/net/rpc/nfs"), "proc4");
+    let got = run.collect(T2).await;
+    let mut expected = nfs_expected("nfs4", &NFS4, &first, &second);
+    expected.retain(|p| p.name != "nfs4_null");
+    assert!(expected.iter().any(|p| p.name == "nfs4_bind_conn_to_ses"));
+    assert!(!got.iter().any(|p| p.name == "nfs4_commit"), "0 in round 1");
+    assert_points(got, expected);
+
+    // A client that never mounted NFSv4 has no proc4 line: nothing, no error.
+    run.write("/proc/net/rpc/nfs", "net 0 0 0 0\nrpc 0 0 0\n");
+    assert_points(run.collect(T3).await, Vec::new());
+}
+
+/// `mount point -> bytes counters` of the NFS mounts of a mountstats text.
+fn mountstats(text: &str) -> BTreeMap<String, Vec<u64>> {
+    let mut out = BTreeMap::new();
+    let mut current = None;
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.first() == Some(&"device") {
+            current = (words.len() > 7 && words[7].starts_with("nfs")).then(|| words[4].to_owned());
+        } else if words.first() == Some(&"bytes:")
+            && let Some(mount) = current.take()
+        {
+            out.insert(
+                mount,
+                words[1..].iter().map(|n| n.parse().unwrap()).collect(),
+            );
+        }
+    }
+    out
+}
+
+fn nfsio_expected(
+    old: &BTreeMap<String, Vec<u64>>,
+    new: &BTreeMap<String, Vec<u64>>,
+    seconds: f64,
+) -> Vec<Got> {
+    const NAMES: [&str; 8] = [
+        "nread",
+        "nwrite",
+        "dread",
+        "dwrite",
+        "nfsread",
+        "nfswrite",
+        "pageread",
+        "pagewrite",
+    ];
+    let mut out = Vec::new();
+    for (mount, values) in new {
+        let Some(before) = old.get(mount) else {
+            continue;
+        };
+        let tags = [
+            ("type", "node"),
+            ("stype", "filesystem"),
+            ("stype-id", mount.as_str()),
+        ];
+        for (i, name) in NAMES.iter().enumerate() {
+            if *name == "pagewrite" {
+                continue; // excluded in the configuration
+            }
+            let mut with_unit = tags.to_vec();
+            with_unit.push(("unit", "bytes"));
+            out.push(point(
+                &format!("nfsio_{name}"),
+                &with_unit,
+                V::I(values[i] as i64),
+            ));
+            let rate_unit = if name.starts_with("page") {
+                "4K_pages/s"
+            } else {
+                "bytes/sec"
+            };
+            let mut rate_tags = tags.to_vec();
+            rate_tags.push(("unit", rate_unit));
+            out.push(point(
+                &format!("nfsio_{name}_bw"),
+                &rate_tags,
+                V::F((values[i] - before[i]) as f64 / seconds),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nfsiostat_reads_mountstats_through_the_mount_info_grant_and_follows_mounts() {
+    let config = json!({"send_derived_values": true, "exclude_metrics": ["pagewrite"]});
+    let mut run = Run::hpc("nfsiostat", config, &[]).await;
+    let first = mountstats(&read(run.root(), "/proc/self/mountstats"));
+    assert_eq!(first.len(), 2, "/home and /apps");
+    assert_points(run.collect(T1).await, Vec::new());
+
+    run.put_hpc(2);
+    let second = mountstats(&read(run.root(), "/proc/self/mountstats"));
+    assert_points(run.collect(T2).await, nfsio_expected(&first, &second, 5.0));
+
+    // Round 3: /apps is unmounted, /scratch2 appears (remembered, reported from round 4).
+    let text = read(run.root(), "/proc/self/mountstats");
+    let apps = text.find("device nfs02:/apps").unwrap();
+    let mut third_text = text[..apps].to_owned();
+    third_text.push_str(
+        "device nfs03:/s2 mounted on /scratch2 with fstype nfs4 statvers=1.1\n\
+         \tbytes:\t10 20 0 0 10 20 1 1\n",
+    );
+    run.write("/proc/self/mountstats", &third_text);
+    let third = mountstats(&third_text);
+    let got = run.collect(T3).await;
+    assert!(
+        !got.iter()
+            .any(|p| p.tags.get("stype-id").is_some_and(|m| m != "/home"))
+    );
+    assert_points(got, nfsio_expected(&second, &third, 10.0));
+
+    // A bytes line cut short fails the round; the next round goes on from round 3.
+    run.write(
+        "/proc/self/mountstats",
+        &third_text.replace("\tbytes:\t10 20 0 0 10 20 1 1", "\tbytes:\t10 20"),
+    );
+    let message = run.collect_fails(T3 + 5_000_000_000).await;
+    assert!(
+        message.contains("the bytes line of /scratch2 has 2 counters"),
+        "{message}"
+    );
+    let fourth_text = third_text.replace(
+        "\tbytes:\t10 20 0 0 10 20 1 1",
+        "\tbytes:\t30 20 0 0 10 20 1 1",
+    );
+    run.write("/proc/self/mountstats", &fourth_text);
+    assert_points(
+        run.collect(T3 + 10_000_000_000).await,
+        nfsio_expected(&third, &mountstats(&fourth_text), 10.0),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_mount_info_grant_mountstats_is_refused_as_a_per_process_file() {
+    let mut run = Run::start_over(&hpc_round(1), "nfsiostat", json!({}), &[], false).await;
+    let message = run.collect_fails(T1).await;
+    assert!(message.contains("/proc/self/mountstats"), "{message}");
+    assert!(
+        message.contains("per-process entries of /proc are never readable"),
+        "{message}"
+    );
+}
+
+/// `cpu -> (running, waiting)` of /proc/schedstat.
+fn schedstat(text: &str) -> BTreeMap<String, (u64, u64)> {
+    text.lines()
+        .filter(|l| l.starts_with("cpu"))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (
+                f[0].trim_start_matches("cpu").to_owned(),
+                (f[7].parse().unwrap(), f[8].parse().unwrap()),
+            )
+        })
+        .collect()
+}
+
+fn load_expected(
+    old: &BTreeMap<String, (u64, u64)>,
+    new: &BTreeMap<String, (u64, u64)>,
+    seconds: f64,
+) -> Vec<Got> {
+    new.iter()
+        .filter_map(|(cpu, (run, wait))| {
+            let (r0, w0) = old.get(cpu)?;
+            let load = (run - r0) as f64 / seconds / 1e9 + (wait - w0) as f64 / seconds / 1e9;
+            Some(point(
+                "cpu_load_core",
+                &[("type", "hwthread"), ("type-id", cpu)],
+                V::F(load),
+            ))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedstat_reports_run_and_wait_time_per_hwthread_as_cpu_load_core() {
+    let mut run = Run::hpc("schedstat", json!({}), &["/proc/schedstat"]).await;
+    let first = schedstat(&read(run.root(), "/proc/schedstat"));
+    assert_points(run.collect(T1).await, Vec::new());
+    run.put_hpc(2);
+    let second = schedstat(&read(run.root(), "/proc/schedstat"));
+    let got = run.collect(T2).await;
+    assert!(
+        got.iter().any(|p| p.value == V::F(0.0)),
+        "an idle hwthread reads 0"
+    );
+    assert_points(got, load_expected(&first, &second, 5.0));
+
+    // Round 3: cpu3 goes offline, cpu4 comes online (baseline only).
+    let text = read(run.root(), "/proc/schedstat");
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter(|l| !l.starts_with("cpu3"))
+        .map(|l| {
+            l.replace(
+                "cpu0 0 0 0 0 0 0 816845678901",
+                "cpu0 0 0 0 0 0 0 826845678901",
+            )
+        })
+        .collect();
+    lines.push("cpu4 0 0 0 0 0 0 5 6 7".to_owned());
+    let third_text = lines.join("\n") + "\n";
+    run.write("/proc/schedstat", &third_text);
+    let third = schedstat(&third_text);
+    assert_points(run.collect(T3).await, load_expected(&second, &third, 10.0));
+
+    // A truncated cpu line fails the round; the next round goes on from round 3.
+    run.write("/proc/schedstat", "version 15\ncpu0 0 0 0 0\n");
+    let message = run.collect_fails(T3 + 5_000_000_000).await;
+    assert!(message.contains("cpu0 has 4 numbers"), "{message}");
+    run.write("/proc/schedstat", &third_text);
+    assert_points(
+        run.collect(T3 + 10_000_000_000).await,
+        load_expected(&third, &third, 10.0),
+    );
+}
+
+/// `(device, port) -> (lid, [rcv_data, xmit_data, rcv_pkts, xmit_pkts])` of the fixture.
+fn ib_ports(root: &Path) -> BTreeMap<(String, String), (String, [u64; 4])> {
+    let mut out = BTreeMap::new();
+    let base = root.join("sys/class/infiniband");
+    for device in std::fs::read_dir(&base).unwrap() {
+        let device = device.unwrap().file_name().into_string().unwrap();
+        for port in std::fs::read_dir(base.join(&device).join("ports")).unwrap() {
+            let port = port.unwrap().file_name().into_string().unwrap();
+            let dir = base.join(&device).join("ports").join(&port);
+            let lid = std::fs::read_to_string(dir.join("lid"))
+                .unwrap()
+                .trim()
+                .to_owned();
+            let counter = |name: &str| -> u64 {
+                std::fs::read_to_string(dir.join("counters").join(name))
+                    .unwrap()
+                    .trim()
+                    .parse()
+                    .unwrap()
+            };
+            let counters = [
+                counter("port_rcv_data"),
+                counter("port_xmit_data"),
+                counter("port_rcv_packets"),
+                counter("port_xmit_packets"),
+            ];
+            out.insert((device.clone(), port), (lid, counters));
+        }
+    }
+    out
+}
+
+type IbPorts = BTreeMap<(String, String), (String, [u64; 4])>;
+
+fn ib_expected(old: Option<&IbPorts>, new: &IbPorts, seconds: f64) -> Vec<Got> {
+    const NAMES: [(&str, u64, &str); 4] = [
+        ("ib_recv", 4, "bytes"),
+        ("ib_xmit", 4, "bytes"),
+        ("ib_recv_pkts", 1, "packets"),
+        ("ib_xmit_pkts", 1, "packets"),
+    ];
+    let mut out = Vec::new();
+    for ((device, port), (lid, counters)) in new {
+        if lid == "0x0" || device == "hfi1_0" {
+            continue; // not connected; excluded in the configuration
+        }
+        let tags = |unit: &'static str| {
+            vec![
+                ("type", "node"),
+                ("device", device.as_str()),
+                ("port", port.as_str()),
+                ("lid", lid.as_str()),
+                ("unit", unit),
+            ]
+        };
+        let before = old.and_then(|o| o.get(&(device.clone(), port.clone())));
+        let mut totals = [0u64; 2];
+        let mut rates = [0f64; 2];
+        for (i, (name, scale, unit)) in NAMES.iter().enumerate() {
+            let value = counters[i].wrapping_mul(*scale);
+            out.push(point(name, &tags(unit), V::U(value)));
+            totals[i / 2] = totals[i / 2].wrapping_add(value);
+            if let Some((_, b)) = before {
+                let rate = counters[i].wrapping_sub(b[i]) as f64 / seconds * *scale as f64;
+                rates[i / 2] += rate;
+                let rate_unit = if *scale == 4 {
+                    "bytes/sec"
+                } else {
+                    "packets/sec"
+                };
+                out.push(point(&format!("{name}_bw"), &tags(rate_unit), V::F(rate)));
+            }
+        }
+        out.push(point("ib_total", &tags("bytes"), V::U(totals[0])));
+        out.push(point("ib_total_pkts", &tags("packets"), V::U(totals[1])));
+        if before.is_some() {
+            out.push(point("ib_total_bw", &tags("bytes/sec"), V::F(rates[0])));
+            out.push(point(
+                "ib_total_pkts_bw",
+                &tags("packets/sec"),
+                V::F(rates[1]),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ibstat_reports_connected_ports_with_rates_and_totals_across_wraps_and_changes() {
+    let config = json!({
+        "exclude_devices": ["hfi1_0"],
+        "send_derived_values": true,
+        "send_total_values": true
+    });
+    let mut run = Run::hpc("ibstat", config, &["/sys/class/infiniband/**"]).await;
+    let first = ib_ports(run.root());
+    assert_points(run.collect(T1).await, ib_expected(None, &first, 5.0));
+
+    run.put_hpc(2);
+    let second = ib_ports(run.root());
+    assert_points(
+        run.collect(T2).await,
+        ib_expected(Some(&first), &second, 5.0),
+    );
+
+    // Round 3: mlx5_0's received data wraps at 2^64, a new mlx5_2 port 1 appears.
+    let rcv = "/sys/class/infiniband/mlx5_0/ports/1/counters/port_rcv_data";
+    run.write(rcv, &format!("{}\n", u64::MAX - 9));
+    let near_wrap = ib_ports(run.root());
+    assert_points(
+        run.collect(T3).await,
+        ib_expected(Some(&second), &near_wrap, 10.0),
+    );
+    run.write(rcv, "30\n");
+    let base = "/sys/class/infiniband/mlx5_2/ports/1";
+    run.write(&format!("{base}/lid"), "0x7\n");
+    for (name, v) in [
+        ("port_rcv_data", 1),
+        ("port_xmit_data", 2),
+        ("port_rcv_packets", 3),
+        ("port_xmit_packets", 4),
+    ] {
+        run.write(&format!("{base}/counters/{name}"), &format!("{v}\n"));
+    }
+    let third = ib_ports(run.root());
+    let got = run.collect(T3 + 5_000_000_000).await;
+    assert!(got.contains(&point(
+        "ib_recv_bw",
+        &[
+            ("type", "node"),
+            ("device", "mlx5_0"),
+            ("port", "1"),
+            ("lid", "0x2a"),
+            ("unit", "bytes/sec")
+        ],
+        V::F(40.0 * 4.0 / 5.0),
+    )));
+    assert_points(got, ib_expected(Some(&near_wrap), &third, 5.0));
+
+    // A counter that is not a number fails the round; then mlx5_2 disappears and the next
+    // round reports mlx5_0 against round 3.
+    run.write(&format!("{base}/counters/port_xmit_data"), "garbage\n");
+    let message = run.collect_fails(T3 + 10_000_000_000).await;
+    assert!(
+        message.contains("port_xmit_data: the counter is not a number"),
+        "{message}"
+    );
+    run.remove("/sys/class/infiniband/mlx5_2");
+    let fourth = ib_ports(run.root());
+    let mut previous = third.clone();
+    previous.remove(&("mlx5_2".to_owned(), "1".to_owned()));
+    assert_points(
+        run.collect(T3 + 15_000_000_000).await,
+        ib_expected(Some(&previous), &fourth, 10.0),
+    );
+}
+
+/// `id -> (zone name, sub-zone name, energy, range)` of the RAPL fixture.
+fn rapl_zones(root: &Path) -> BTreeMap<String, (String, Option<String>, u64, u64)> {
+    let base = root.join("sys/devices/virtual/powercap/intel-rapl");
+    let zone = |dir: &Path| -> (String, u64, u64) {
+        let text = |f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .unwrap()
+                .trim()
+                .to_owned()
+        };
+        (
+            text("name"),
+            text("energy_uj").parse().unwrap(),
+            text("max_energy_range_uj").parse().unwrap(),
+        )
+    };
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(&base).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let Some(id) = name.strip_prefix("intel-rapl:") else {
+            continue;
+        };
+        let (zone_name, energy, range) = zone(&base.join(&name));
+        out.insert(id.to_owned(), (zone_name.clone(), None, energy, range));
+        for sub in std::fs::read_dir(base.join(&name)).unwrap() {
+            let sub = sub.unwrap().file_name().into_string().unwrap();
+            if let Some(sub_id) = sub.strip_prefix(&format!("{name}:")) {
+                let (sub_name, energy, range) = zone(&base.join(&name).join(&sub));
+                out.insert(
+                    format!("{id}:{sub_id}"),
+                    (zone_name.clone(), Some(sub_name), energy, range),
+                );
+            }
+        }
+    }
+    out
+}
+
+type RaplZones = BTreeMap<String, (String, Option<String>, u64, u64)>;
+
+fn rapl_expected(old: &RaplZones, new: &RaplZones, seconds: f64) -> Vec<Got> {
+    let mut out = Vec::new();
+    for (id, (zone, sub, energy, range)) in new {
+        // Excluded in the configuration: zone 0:1 by id, psys by name.
+        if id == "0:1" || zone == "psys" {
+            continue;
+        }
+        let Some((_, _, before, _)) = old.get(id) else {
+            continue;
+        };
+        let used = if energy >= before {
+            energy - before
+        } else {
+            range - before + energy
+        };
+        let mut tags = vec![("id", id.as_str()), ("zone_name", zone.as_str())];
+        if let Some(sub) = sub {
+            tags.push(("sub_zone_name", sub.as_str()));
+        }
+        tags.push(("unit", "Watt"));
+        // cc-metric-collector: µJ over µs.
+        out.push(point(
+            "rapl_average_power",
+            &tags,
+            V::F(used as f64 / (seconds * 1e6)),
+        ));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rapl_reports_average_power_per_zone_and_sub_zone_across_a_counter_wrap() {
+    let config = json!({"exclude_device_by_id": ["0:1"], "exclude_device_by_name": ["psys"]});
+    let grants = ["/sys/devices/virtual/powercap/intel-rapl/**"];
+    let mut run = Run::hpc("rapl", config, &grants).await;
+    let first = rapl_zones(run.root());
+    assert_points(run.collect(T1).await, Vec::new());
+    run.put_hpc(2);
+    let second = rapl_zones(run.root());
+    let got = run.collect(T2).await;
+    // package-1 wrapped: 2 J before the range's end, 1 J after.
+    assert!(
+        got.iter()
+            .any(|p| p.tags["id"] == "1" && p.value == V::F(0.6))
+    );
+    assert_points(got, rapl_expected(&first, &second, 5.0));
+
+    // An energy counter that is not a number fails the round; the zone of package-0 then
+    // disappears and the next round reports the others against round 2.
+    let energy = "/sys/devices/virtual/powercap/intel-rapl/intel-rapl:1/energy_uj";
+    run.write(energy, "12ab\n");
+    let message = run.collect_fails(T3).await;
+    assert!(message.contains("energy_uj is not a number"), "{message}");
+    run.write(energy, "1500000\n");
+    run.remove("/sys/devices/virtual/powercap/intel-rapl/intel-rapl:0");
+    let third = rapl_zones(run.root());
+    assert_points(
+        run.collect(T3 + 5_000_000_000).await,
+        rapl_expected(&second, &third, 15.0),
+    );
+}
+
+/// What cc-metric-collector's slurm_cgroup sends for the jobs (`cpus`, five figures) and
+/// the online hwthreads.
+fn slurm_expected(
+    jobs: &[(Vec<u32>, [f64; 5])],
+    online: std::ops::RangeInclusive<u32>,
+) -> Vec<Got> {
+    const NAMES: [(&str, &str); 5] = [
+        ("job_mem_used", "Bytes"),
+        ("job_max_mem_used", "Bytes"),
+        ("job_mem_limit", "Bytes"),
+        ("job_user_cpu", "%"),
+        ("job_sys_cpu", "%"),
+    ];
+    let mut out = Vec::new();
+    let mut used = Vec::new();
+    for (cpus, figures) in jobs {
+        for cpu in cpus {
+            let id = cpu.to_string();
+            for ((name, unit), value) in NAMES.iter().zip(figures) {
+                out.push(point(
+                    name,
+                    &[("type", "hwthread"), ("type-id", &id), ("unit", unit)],
+                    V::F(value / cpus.len() as f64),
+                ));
+            }
+            used.push(*cpu);
+        }
+    }
+    for cpu in online.filter(|c| !used.contains(c)) {
+        let id = cpu.to_string();
+        for (name, unit) in NAMES {
+            out.push(point(
+                name,
+                &[("type", "hwthread"), ("type-id", &id), ("unit", unit)],
+                V::I(0),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_cgroup_spreads_each_jobs_figures_over_its_hwthreads_for_cgroup_v2_and_v1() {
+    let grants = [
+        "/sys/devices/system/cpu/online",
+        "/sys/fs/cgroup/cgroup.controllers",
+        "/sys/fs/cgroup/system.slice/slurmstepd.scope/**",
+        "/sys/fs/cgroup/memory/slurm/**",
+        "/sys/fs/cgroup/cpuacct/slurm/**",
+        "/sys/fs/cgroup/cpuset/slurm/**",
+    ];
+    let mut run = Run::hpc("slurm_cgroup", json!({}), &grants).await;
+    // job_4711 on 0,1,4: 3 GiB used, 4 GiB peak, 8 GiB limit, 1000 of 1200 s user, 200
+    // system; the SLUID job on 6: no limit (`max`).
+    let job = |used: f64, user: f64, system: f64| -> [f64; 5] {
+        let total = user + system;
+        [
+            used,
+            4294967296.0,
+            8589934592.0,
+            user * 100.0 / total,
+            system * 100.0 / total,
+        ]
+    };
+    let sluid = (vec![6], [1073741824.0, 1610612736.0, 0.0, 80.0, 20.0]);
+    assert_points(
+        run.collect(T1).await,
+        slurm_expected(
+            &[
+                (vec![0, 1, 4], job(3221225472.0, 1000.0, 200.0)),
+                sluid.clone(),
+            ],
+            0..=7,
+        ),
+    );
+    run.put_hpc(2);
+    assert_points(
+        run.collect(T2).await,
+        slurm_expected(
+            &[
+                (vec![0, 1, 4], job(3321225472.0, 1050.0, 210.0)),
+                sluid.clone(),
+            ],
+            0..=7,
+        ),
+    );
+
+    // The SLUID job ends; a malformed cpuset fails the round, naming the file.
+    let scope = "/sys/fs/cgroup/system.slice/slurmstepd.scope";
+    run.remove(&format!("{scope}/sBTD4R7ZK5W3Q9"));
+    run.write(&format!("{scope}/job_4711/cpuset.cpus"), "0-\n");
+    let message = run.collect_fails(T3).await;
+    assert!(message.contains("job_4711/cpuset.cpus"), "{message}");
+    run.write(&format!("{scope}/job_4711/cpuset.cpus"), "0-1,4\n");
+    assert_points(
+        run.collect(T3).await,
+        slurm_expected(&[(vec![0, 1, 4], job(3321225472.0, 1050.0, 210.0))], 0..=7),
+    );
+
+    // cgroup v1 (no cgroup.controllers): job_77 of uid 1000 on hwthreads 2 and 3.
+    run.remove("/sys/fs/cgroup/cgroup.controllers");
+    let v1 = (
+        vec![2, 3],
+        [2147483648.0, 3221225472.0, 4294967296.0, 90.0, 10.0],
+    );
+    assert_points(run.collect(T3).await, slurm_expected(&[v1], 0..=7));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_cgroup_refuses_use_sudo_and_an_unknown_cgroup_version() {
+    for (config, why) in [
+        (json!({"use_sudo": true}), "`use_sudo` is not supported"),
+        (json!({"cgroup_version": "v3"}), "`cgroup_version` must be"),
+    ] {
+        let runtime = Runtime::new(RuntimeOptions {
+            cache_dir: None,
+            ..RuntimeOptions::default()
+        })
+        .unwrap();
+        let mut spec = PluginSpec::new(guests::component("slurm_cgroup"));
+        spec.config = config;
+        spec.capabilities.read_files = vec!["/proc/sys/kernel/hostname".to_owned()];
+        spec.capabilities.files_root = Some(hpc_round(1));
+        let loaded = runtime.load(&spec).await.unwrap();
+        let (sink, _rx) = sink::channel(4);
+        let Err(error) = loaded.instantiate(&runtime, &spec, sink).await else {
+            panic!("init must fail")
+        };
+        assert!(error.to_string().contains(why), "{error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diskstat_finds_block_devices_in_the_mount_table_and_tags_them_by_device() {
+    let mut run = Run::hpc("diskstat", json!({"exclude_mounts": ["disk"]}), &[]).await;
+    let before = gigabytes(run.root());
+    let got = run.collect(T1).await;
+    let after = gigabytes(run.root());
+    // Every mount point of the fixture lies on the test's temporary file system. Reported:
+    // /dev/vda1 on / and /dev/vdb on /scratch; not proc or sysfs (no /dev device), the loop
+    // device, /boot/efi, /data/my disk (excluded), /dev/vdd on /gone (statfs fails), NFS.
+    let expected = |(total, free): (i64, i64)| {
+        let mut out = Vec::new();
+        for device in ["/dev/vda1", "/dev/vdb"] {
+            let tags = [("type", "node"), ("device", device), ("unit", "GBytes")];
+            out.push(point("disk_total", &tags, V::U(total as u64)));
+            out.push(point("disk_free", &tags, V::U(free as u64)));
+        }
+        out.push(point(
+            "part_max_used",
+            &[("type", "node"), ("unit", "percent")],
+            V::I(100 * (total - free) / total),
+        ));
+        out
+    };
+    if got != expected(before) {
+        assert_points(got, expected(after));
+    }
+
+    // A mount table cut short fails the round, naming the line; the next round recovers.
+    run.write(
+        "/proc/self/mounts",
+        "/dev/vda1 / ext4 rw 0 0\n/dev/vdb /scratch\n",
+    );
+    let message = run.collect_fails(T2).await;
+    assert!(
+        message.contains("line 2 has 2 fields, expected 6"),
+        "{message}"
+    );
+    run.write("/proc/self/mounts", "/dev/vdb /scratch xfs rw 0 0\n");
+    let got = run.collect(T3).await;
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(
+        got.iter()
+            .all(|p| p.name == "part_max_used" || p.tags["device"] == "/dev/vdb")
+    );
+
+    // statvfs is granted only for mount points of the table: a directory that is not one
+    // is refused like any path that is not granted.
+    run.write("/proc/self/mounts", "/dev/vdb /data xfs rw 0 0\n");
+    let got = run.collect(T3).await;
+    assert_eq!(
+        got.len(),
+        1,
+        "only part_max_used (0): /data is not in mountinfo: {got:?}"
+    );
+    assert_eq!(got[0].value, V::I(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mount_info_grant_serves_three_files_and_nothing_else_of_the_agents_process() {
+    use ccfleet_host::PluginEvent;
+    use ccfleet_host::events::EventKind;
+
+    let runtime = Runtime::new(RuntimeOptions {
+        cache_dir: None,
+        ..RuntimeOptions::default()
+    })
+    .unwrap();
+    let mut events = runtime.subscribe();
+    let pid = std::process::id();
+    let allowed = [
+        "/proc/self/mounts",
+        "/proc/self/mountinfo",
+        "/proc/self/mountstats",
+    ];
+    let refused = [
+        "/proc/self/environ".to_owned(),
+        "/proc/self/mem".to_owned(),
+        "/proc/self//mounts".to_owned(),
+        "/proc/self/mounts/".to_owned(),
+        "/proc/self/./mounts".to_owned(),
+        "/proc/thread-self/mounts".to_owned(),
+        format!("/proc/{pid}/mounts"),
+        format!("/proc/{pid}/mountstats"),
+        "/proc/self/task/1/mounts".to_owned(),
+        "/proc/mounts".to_owned(),
+    ];
+    let mut spec = PluginSpec::new(guests::component("hostile-proc-probe"));
+    spec.config = json!({
+        "files": allowed.iter().map(|s| s.to_string()).chain(refused.iter().cloned()).collect::<Vec<_>>(),
+        "dirs": ["/proc/self", "/proc"]
+    });
+    spec.capabilities.wasi = true;
+    spec.capabilities.mount_info = true;
+    let loaded = runtime.load(&spec).await.unwrap();
+    let (sink, _rx) = sink::channel(4);
+    let _instance = loaded.instantiate(&runtime, &spec, sink).await.unwrap();
+
+    let mut lines = BTreeMap::new();
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            match events.recv().await {
+                Ok(PluginEvent {
+                    kind: EventKind::Log { message, .. },
+                    ..
+                }) => {
+                    if message == "probe done" {
+                        return;
+                    }
+                    let rest = message.strip_prefix("probe ").unwrap();
+                    let (how, rest) = rest.split_once(' ').unwrap();
+                    let (path, outcome) = rest.split_once(": ").unwrap();
+                    lines.insert((how.to_owned(), path.to_owned()), outcome.to_owned());
+                }
+                Ok(_) => {}
+                Err(e) => panic!("events: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("the probe finishes");
+    for path in allowed {
+        let outcome = &lines[&("files".to_owned(), path.to_owned())];
+        let real = std::fs::read(path).unwrap();
+        assert!(outcome.starts_with("read "), "{path}: {outcome}");
+        // The agent's own mount namespace: about as long as this process reads it.
+        assert!(
+            !real.is_empty() || outcome == "read 0 bytes",
+            "{path}: {outcome}"
+        );
+    }
+    for path in &refused {
+        let outcome = &lines[&("files".to_owned(), path.clone())];
+        assert!(outcome.starts_with("refused"), "{path}: {outcome}");
+    }
+    for dir in ["/proc/self", "/proc"] {
+        let outcome = &lines[&("dirs".to_owned(), dir.to_owned())];
+        assert!(
+            outcome.starts_with("refused") || outcome == "listed []",
+            "{dir}: {outcome}"
+        );
+    }
 }

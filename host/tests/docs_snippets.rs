@@ -510,6 +510,12 @@ ccfleet() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{context}");
+    // The private key is written readable by its owner only.
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let keys = std::fs::metadata(examples.join("var/keys.env")).unwrap();
+        assert_eq!(keys.permissions().mode() & 0o777, 0o600, "{context}");
+    }
     assert!(stdout.contains("examples/server.json: ok"), "{context}");
     assert!(stdout.contains("examples/agent.json: ok"), "{context}");
     assert!(stdout.contains("\"rack\": \"r1\""), "{context}");

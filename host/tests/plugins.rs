@@ -606,6 +606,14 @@ async fn a_malformed_component_is_rejected_with_a_clear_error() {
     plugin.stop().await;
 }
 
+/// Whether `reason` is the refusal of a batch of line protocol over `limit` bytes.
+fn over_bytes(reason: &str, limit: usize) -> bool {
+    reason.starts_with("batch of ")
+        && reason.ends_with(&format!(
+            " bytes exceeds this plugin's limit of {limit} bytes"
+        ))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_emit_is_refused_and_nothing_is_sent() {
     let cache = tempfile::tempdir().unwrap();
@@ -614,54 +622,69 @@ async fn an_oversized_emit_is_refused_and_nothing_is_sent() {
     let (sink, mut rx) = sink::channel(16);
     let feeds = FeedSenders::new();
 
-    // Over the point limit: `emit` fails, the plugin survives.
-    let mut flood = spec("hostile-oversized-emit");
-    flood.name = Some("flood".to_owned());
-    flood.config = serde_json::json!({"points": 5000});
-    flood.limits.max_points = 1000;
-    flood.collect_interval = Some(Duration::from_millis(50));
-    let flood = runtime.spawn(flood, feeds.subscribe(), sink.clone());
-    let refused = wait_for(&mut events, "flood", "refusal", |e| {
-        matches!(e.kind, EventKind::EmitRefused { .. })
-    })
-    .await;
-    assert_eq!(
-        refused.kind,
-        EventKind::EmitRefused {
-            reason: "batch of 5000 points exceeds this plugin's limit of 1000".to_owned()
-        }
-    );
-    wait_for(&mut events, "flood", "plugin's own error", |e| {
-        matches!(&e.kind, EventKind::CallFailed { call: "collect", message } if message.contains("exceeds"))
-    })
-    .await;
-    assert_eq!(flood.status().borrow().state, PluginState::Running);
-    flood.stop().await;
+    // Both ways into the host: `emit-lines` (what the SDK uses), and the typed `emit` of
+    // 0.2 (`"typed": 1`).
+    for typed in [false, true] {
+        // Over the point limit: `emit` fails, the plugin survives.
+        let name = if typed { "flood-typed" } else { "flood" };
+        let mut flood = spec("hostile-oversized-emit");
+        flood.name = Some(name.to_owned());
+        flood.config = serde_json::json!({"points": 5000, "typed": u8::from(typed)});
+        flood.limits.max_points = 1000;
+        flood.collect_interval = Some(Duration::from_millis(50));
+        let flood = runtime.spawn(flood, feeds.subscribe(), sink.clone());
+        let refused = wait_for(&mut events, name, "refusal", |e| {
+            matches!(e.kind, EventKind::EmitRefused { .. })
+        })
+        .await;
+        let expected = if typed {
+            "batch of 5000 points exceeds this plugin's limit of 1000"
+        } else {
+            "line 1001: the batch has more than 1000 points"
+        };
+        assert_eq!(
+            refused.kind,
+            EventKind::EmitRefused {
+                reason: expected.to_owned()
+            }
+        );
+        wait_for(&mut events, name, "plugin's own error", |e| {
+            matches!(&e.kind, EventKind::CallFailed { call: "collect", message } if message == expected)
+        })
+        .await;
+        assert_eq!(flood.status().borrow().state, PluginState::Running);
+        flood.stop().await;
 
-    // Far over the byte limit: copying the batch to the host runs past the batch's budget
-    // long before it is all copied; `emit` fails, the plugin is not trapped.
-    let mut huge = spec("hostile-oversized-emit");
-    huge.name = Some("huge".to_owned());
-    huge.config = serde_json::json!({"points": 64, "text-bytes": 65536});
-    huge.limits.max_emit_bytes = 256 << 10;
-    huge.limits.restart_budget = 0;
-    huge.collect_interval = Some(Duration::from_millis(50));
-    let huge = runtime.spawn(huge, feeds.subscribe(), sink.clone());
-    let refused = wait_for(&mut events, "huge", "refusal", |e| {
-        matches!(
-            e.kind,
-            EventKind::EmitRefused { .. } | EventKind::Crashed { .. }
-        )
-    })
-    .await;
-    assert_eq!(
-        refused.kind,
-        EventKind::EmitRefused {
-            reason: "batch exceeds this plugin's limit of 262144 bytes".to_owned()
+        // Far over the byte limit: copying the batch to the host runs past the batch's
+        // budget long before it is all copied (typed), or the batch's size alone refuses it
+        // (lines); `emit` fails, the plugin is not trapped.
+        let name = if typed { "huge-typed" } else { "huge" };
+        let mut huge = spec("hostile-oversized-emit");
+        huge.name = Some(name.to_owned());
+        huge.config =
+            serde_json::json!({"points": 64, "text-bytes": 65536, "typed": u8::from(typed)});
+        huge.limits.max_emit_bytes = 256 << 10;
+        huge.limits.restart_budget = 0;
+        huge.collect_interval = Some(Duration::from_millis(50));
+        let huge = runtime.spawn(huge, feeds.subscribe(), sink.clone());
+        let refused = wait_for(&mut events, name, "refusal", |e| {
+            matches!(
+                e.kind,
+                EventKind::EmitRefused { .. } | EventKind::Crashed { .. }
+            )
+        })
+        .await;
+        let EventKind::EmitRefused { reason } = &refused.kind else {
+            panic!("{name}: {:?}", refused.kind)
+        };
+        if typed {
+            assert_eq!(reason, "batch exceeds this plugin's limit of 262144 bytes");
+        } else {
+            assert!(over_bytes(reason, 256 << 10), "{reason}");
         }
-    );
-    assert_eq!(huge.status().borrow().state, PluginState::Running);
-    huge.stop().await;
+        assert_eq!(huge.status().borrow().state, PluginState::Running);
+        huge.stop().await;
+    }
     assert!(rx.try_recv().is_err(), "no batch may reach the sink");
 }
 
@@ -673,45 +696,50 @@ async fn an_emit_of_any_size_fails_without_trapping_under_default_limits() {
     let (sink, mut rx) = sink::channel(16);
     let feeds = FeedSenders::new();
     // 100,000 points (the records alone are more than the default host-call budget) and one
-    // point of 9 MB: both are refused by the size checks, with the plugin running on.
-    for (name, config, reason) in [
-        (
-            "many",
-            serde_json::json!({"points": 100_000}),
-            "batch of 100000 points exceeds this plugin's limit of 10000",
-        ),
-        (
-            "big",
-            serde_json::json!({"points": 1, "text-bytes": 9_000_000}),
-            "batch exceeds this plugin's limit of 4194304 bytes",
-        ),
-    ] {
-        let mut flood = spec("hostile-oversized-emit");
-        flood.name = Some(name.to_owned());
-        flood.config = config;
-        flood.limits.restart_budget = 0;
-        flood.collect_interval = Some(Duration::from_millis(100));
-        let flood = runtime.spawn(flood, feeds.subscribe(), sink.clone());
-        let outcome = wait_for(&mut events, name, "refusal", |e| {
-            matches!(
-                e.kind,
-                EventKind::EmitRefused { .. } | EventKind::Crashed { .. }
-            )
-        })
-        .await;
-        assert_eq!(
-            outcome.kind,
-            EventKind::EmitRefused {
-                reason: reason.to_owned()
-            },
-            "{name}"
-        );
-        wait_for(&mut events, name, "plugin's own error", |e| {
-            matches!(&e.kind, EventKind::CallFailed { call: "collect", message } if message == reason)
-        })
-        .await;
-        assert_eq!(flood.status().borrow().state, PluginState::Running);
-        flood.stop().await;
+    // point of 9 MB: both are refused by the size checks, with the plugin running on; both
+    // through `emit-lines` and through the typed `emit`.
+    for typed in [false, true] {
+        for (name, config, typed_reason) in [
+            (
+                "many",
+                serde_json::json!({"points": 100_000, "typed": u8::from(typed)}),
+                "batch of 100000 points exceeds this plugin's limit of 10000",
+            ),
+            (
+                "big",
+                serde_json::json!({"points": 1, "text-bytes": 9_000_000, "typed": u8::from(typed)}),
+                "batch exceeds this plugin's limit of 4194304 bytes",
+            ),
+        ] {
+            let name = format!("{name}{}", if typed { "-typed" } else { "" });
+            let mut flood = spec("hostile-oversized-emit");
+            flood.name = Some(name.clone());
+            flood.config = config;
+            flood.limits.restart_budget = 0;
+            flood.collect_interval = Some(Duration::from_millis(100));
+            let flood = runtime.spawn(flood, feeds.subscribe(), sink.clone());
+            let outcome = wait_for(&mut events, &name, "refusal", |e| {
+                matches!(
+                    e.kind,
+                    EventKind::EmitRefused { .. } | EventKind::Crashed { .. }
+                )
+            })
+            .await;
+            let EventKind::EmitRefused { reason } = outcome.kind else {
+                panic!("{name}: {:?}", outcome.kind)
+            };
+            if typed {
+                assert_eq!(reason, typed_reason, "{name}");
+            } else {
+                assert!(over_bytes(&reason, 4 << 20), "{name}: {reason}");
+            }
+            wait_for(&mut events, &name, "plugin's own error", |e| {
+                matches!(&e.kind, EventKind::CallFailed { call: "collect", message } if *message == reason)
+            })
+            .await;
+            assert_eq!(flood.status().borrow().state, PluginState::Running);
+            flood.stop().await;
+        }
     }
     assert!(rx.try_recv().is_err(), "no batch may reach the sink");
 }

@@ -103,13 +103,19 @@ impl Inner {
         {
             return Err(invalid("response holds a malformed instance id".into()));
         }
-        self.state().instance_id = Some(registration.instance_id.clone());
+        {
+            let mut state = self.state();
+            state.instance_id = Some(registration.instance_id.clone());
+            state.registered_at = Some(tokio::time::Instant::now());
+        }
         tracing::info!(
             service_type = %identity.service_type,
             scope = identity.scope.as_str(),
             cluster = %identity.cluster,
             hostname = %identity.hostname,
-            config_revision = registration.config_revision,
+            // As a string, as every revision in the logs: a JSON number above 2^53 loses digits
+            // in most readers (jq).
+            config_revision = %registration.config_revision,
             server = %self.http.current_shown(),
             "fleet: registered with cc-backend"
         );

@@ -114,9 +114,10 @@ pub enum ConfigError {
     /// The section is empty.
     #[error("fleet: empty configuration")]
     Empty,
-    /// The section is not a JSON object of the known keys (unknown key, wrong type, bad JSON).
-    #[error("fleet: decoding configuration: {0}")]
-    Decode(#[source] serde_json::Error),
+    /// The section is not a JSON object of the known keys (unknown key, wrong type, bad JSON);
+    /// the message names the key (`fleet.heartbeat-interval: ...`) and the form it takes.
+    #[error("{0}")]
+    Decode(#[source] crate::json_config::KeyError),
     /// `url` is missing or empty.
     #[error("fleet: configuration is missing 'url'")]
     MissingUrl,
@@ -335,7 +336,10 @@ impl Config {
         if raw.trim().is_empty() {
             return Err(ConfigError::Empty);
         }
-        let raw: RawConfig = serde_json::from_str(raw).map_err(ConfigError::Decode)?;
+        let raw: RawConfig = crate::json_config::from_str(raw).map_err(|e| {
+            // The text is the section alone: its keys are shown as the section's own.
+            ConfigError::Decode(e.within("fleet"))
+        })?;
         Config::from_raw(raw)
     }
 
@@ -344,7 +348,8 @@ impl Config {
         if value.is_null() {
             return Err(ConfigError::Empty);
         }
-        let raw: RawConfig = serde_json::from_value(value).map_err(ConfigError::Decode)?;
+        let raw: RawConfig =
+            crate::json_config::from_value(value, "fleet").map_err(ConfigError::Decode)?;
         Config::from_raw(raw)
     }
 

@@ -54,6 +54,11 @@ impl Http {
         &self.servers.get(self.servers.current()).shown
     }
 
+    /// The URL (as logs show it) of the server the latest request's outcome came from.
+    pub(crate) fn last_used_shown(&self) -> &str {
+        &self.servers.get(self.servers.last_used()).shown
+    }
+
     /// A request to server `i` with the headers every fleet call carries. `Content-Type` is
     /// added only by the callers that send a body. The configured timeout applies even to a
     /// caller-supplied HTTP client.
@@ -83,6 +88,7 @@ impl Http {
             attempt += 1;
             let i = self.servers.current();
             let result = build(self.request(i, method.clone(), path)).send().await;
+            self.servers.used(i);
             let (outcome, reason) = match result {
                 Ok(response) if !is_transient(response.status()) => {
                     self.servers.succeeded(i);

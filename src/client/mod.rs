@@ -38,6 +38,11 @@
 //! otherwise; a disconnected NATS client never buffers them. When cc-backend answers 404 (the
 //! id was rotated or deregistered), [`Client::run`] registers again and pulls the
 //! configuration at once; NATS heartbeats cannot detect this, so the config poll does.
+//! [`REPLACED_WARN_AFTER`] such replacements in a row, each soon after the registration
+//! before, are warned about once: another service registers with the same cluster, host name
+//! and type, and the two replace each other's instance at every heartbeat
+//! ([`Client::replacements`] counts them). Failures of the loop are logged with the fleet
+//! server they came from and listed by [`Client::failures`].
 //!
 //! `url` may list several fleet servers (a JSON array, in order of preference; one string is
 //! one server, as in Go). A request that fails with a connection error, a timeout, a server
@@ -70,7 +75,7 @@ pub use config::{CONFIG_SCHEMA, Config, ConfigError};
 pub use error::{BootstrapError, Error, Op, StatusError};
 pub use latest::Latest;
 pub use rosters::RosterStats;
-pub use run::{MAX_BACKOFF, MIN_BACKOFF};
+pub use run::{Failure, MAX_BACKOFF, MIN_BACKOFF, REPLACED_WARN_AFTER};
 pub use servers::{MAX_PROBE_INTERVAL, MIN_PROBE_INTERVAL};
 
 use crate::wire::{Provider, Scope, ServiceType};
@@ -191,6 +196,9 @@ impl fmt::Debug for Update {
 #[derive(Default)]
 struct State {
     instance_id: Option<String>,
+    /// When the instance id was received: how long an instance lived before another
+    /// registration of this member replaced it.
+    registered_at: Option<tokio::time::Instant>,
     /// The ETag of `blob`, sent verbatim as `If-None-Match`.
     etag: String,
     revision: String,
@@ -214,7 +222,9 @@ struct Inner {
     rosters: Arc<Slot<Vec<Provider>>>,
     roster_gate: Arc<rosters::RosterGate>,
     /// Operations of the run loop failing now (kept by its warn-once reporter).
-    failing_ops: Arc<std::sync::atomic::AtomicUsize>,
+    failures: Arc<Mutex<Vec<Failure>>>,
+    /// Times cc-backend no longer knew this member's instance and it registered again.
+    replacements: std::sync::atomic::AtomicU64,
 }
 
 /// A fleet member. Cheap to clone; all clones share one registration.
@@ -288,7 +298,8 @@ impl Client {
                 configs: Slot::new(),
                 rosters: Arc::new(Slot::new()),
                 roster_gate,
-                failing_ops: Arc::default(),
+                failures: Arc::default(),
+                replacements: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -334,8 +345,26 @@ impl Client {
     /// How many of the run loop's operations (register, heartbeat, config, subscribe) fail
     /// now: 0 while cc-backend (and the roster subscription) answer.
     pub fn failing_operations(&self) -> usize {
+        self.failures().len()
+    }
+
+    /// The run loop's operations failing now, each with its latest error and the server
+    /// that failed it; empty while cc-backend (and the roster subscription) answer.
+    pub fn failures(&self) -> Vec<Failure> {
         self.inner
-            .failing_ops
+            .failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// How often cc-backend no longer knew this member's instance and the run loop
+    /// registered again. Growing at every heartbeat, it means another service registers
+    /// with the same cluster, host name and type (the run loop warns after
+    /// [`REPLACED_WARN_AFTER`] quick replacements in a row).
+    pub fn replacements(&self) -> u64 {
+        self.inner
+            .replacements
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 

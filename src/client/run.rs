@@ -6,8 +6,7 @@
 //! client. Failures are logged once as a warning, repeats at debug level, and the recovery at
 //! info level.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -133,10 +132,10 @@ impl Client {
         let mut runner = Runner {
             inner: self.inner.clone(),
             reporter: Reporter {
-                failing: Vec::new(),
-                shared: self.inner.failing_ops.clone(),
+                shared: self.inner.failures.clone(),
             },
             subscription: None,
+            replaced: Replacements::default(),
         };
         let mut lifecycle = self.inner.lifecycle.subscribe();
         let closed = async move {
@@ -189,6 +188,40 @@ struct Runner {
     inner: Arc<Inner>,
     reporter: Reporter,
     subscription: Option<Subscription>,
+    replaced: Replacements,
+}
+
+/// Replacements of this member's instance that came soon after its registration, in a row:
+/// the mark of another service registering with the same cluster, host name and type (each
+/// registration replaces the other's instance id, at every heartbeat, for ever).
+#[derive(Debug, Default)]
+struct Replacements {
+    in_a_row: u32,
+    /// Whether this run of replacements was warned about already.
+    warned: bool,
+}
+
+/// Replacements in a row after which the client warns of a duplicate identity.
+pub const REPLACED_WARN_AFTER: u32 = 3;
+
+impl Replacements {
+    /// Counts the replacement of an instance that lived `lived` (since its registration,
+    /// when known); `quick` is how short a life counts as a replacement in a row. Returns
+    /// whether to warn now: once per run of quick replacements.
+    fn replaced(&mut self, lived: Option<Duration>, quick: Duration) -> bool {
+        if lived.is_some_and(|lived| lived <= quick) {
+            self.in_a_row = self.in_a_row.saturating_add(1);
+        } else {
+            // The instance lived long: a server restart or a one-off, not a duplicate.
+            self.in_a_row = 1;
+            self.warned = false;
+        }
+        if self.in_a_row >= REPLACED_WARN_AFTER && !self.warned {
+            self.warned = true;
+            return true;
+        }
+        false
+    }
 }
 
 struct Subscription {
@@ -240,16 +273,17 @@ impl Runner {
         match self.inner.register().await {
             Ok(_) => {
                 self.inner.backoff().reset();
-                self.reporter.report(Op::Register, &Ok(()));
+                self.report(Op::Register, &Ok(()));
                 true
             }
             Err(e) => {
                 let delay = self.inner.backoff().fail(Instant::now());
                 tracing::debug!(
                     retry_in = %crate::duration::GoDuration(delay),
+                    server = %self.inner.http.last_used_shown(),
                     "fleet: registration failed, backing off"
                 );
-                self.reporter.report(Op::Register, &Err(e));
+                self.report(Op::Register, &Err(e));
                 false
             }
         }
@@ -261,7 +295,7 @@ impl Runner {
         }
         match self.inner.heartbeat().await {
             Err(e) if e.is_unknown_instance() => self.reregister().await,
-            result => self.reporter.report(Op::Heartbeat, &result),
+            result => self.report(Op::Heartbeat, &result),
         }
     }
 
@@ -271,21 +305,53 @@ impl Runner {
         }
         match self.pull_and_deliver().await {
             Err(e) if e.is_unknown_instance() => self.reregister().await,
-            result => self.reporter.report(Op::Config, &result),
+            result => self.report(Op::Config, &result),
         }
     }
 
     /// cc-backend forgot the instance: register now, heartbeat once and pull once. A second
     /// 404 is only reported; the next tick deals with it, so there is no recursion.
     async fn reregister(&mut self) {
-        tracing::info!("fleet: cc-backend does not know this instance any more, registering again");
+        let server = self.inner.http.last_used_shown().to_owned();
+        tracing::info!(%server, "fleet: cc-backend does not know this instance any more, registering again");
+        let lived = self.inner.state().registered_at.map(|at| at.elapsed());
+        self.inner
+            .replacements
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // A duplicate replaces this instance at its next request, at the latest at its
+        // next heartbeat or config poll; a few of those intervals is still "at once".
+        let quick = self
+            .inner
+            .heartbeat_interval
+            .max(self.inner.poll_interval)
+            .saturating_mul(3);
+        if self.replaced.replaced(lived, quick) {
+            let identity = &self.inner.identity;
+            tracing::warn!(
+                times = self.replaced.in_a_row,
+                cluster = %crate::untrusted::Untrusted(&identity.cluster),
+                hostname = %crate::untrusted::Untrusted(&identity.hostname),
+                service_type = %identity.service_type,
+                %server,
+                "fleet: this instance was replaced {} times in a row, each soon after it registered: \
+                 another service is likely registered with the same cluster, host name and type \
+                 (each registration takes over the other's instance); give each its own hostname",
+                self.replaced.in_a_row
+            );
+        }
         if !self.ensure_registered().await {
             return;
         }
         let result = self.inner.heartbeat().await;
-        self.reporter.report(Op::Heartbeat, &result);
+        self.report(Op::Heartbeat, &result);
         let result = self.pull_and_deliver().await;
-        self.reporter.report(Op::Config, &result);
+        self.report(Op::Config, &result);
+    }
+
+    /// Hands an operation's outcome to the reporter, naming the server it came from.
+    fn report(&mut self, op: Op, result: &Result<(), Error>) {
+        let server = self.inner.http.last_used_shown().to_owned();
+        self.reporter.report(op, result, &server);
     }
 
     async fn pull_and_deliver(&self) -> Result<(), Error> {
@@ -329,6 +395,7 @@ impl Runner {
             Err(e) => self.reporter.failed(
                 "subscribe",
                 &format!("fleet subscribe {subject}: {}", crate::nats::scrub(&e, &[])),
+                "NATS",
             ),
         }
     }
@@ -350,45 +417,70 @@ async fn deliver_rosters(
     }
 }
 
-/// Warn-once logging per operation.
+/// An operation of the run loop that fails now (see [`Client::failures`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// `register`, `heartbeat`, `config` or `subscribe`.
+    pub op: &'static str,
+    /// The fleet server the latest failure came from, without user information (`NATS`
+    /// for the roster subscription).
+    pub server: String,
+    /// The latest failure; it never holds the token or the instance id.
+    pub error: String,
+}
+
+/// Warn-once logging per operation; the operations failing now are shared with the client
+/// ([`Client::failures`], [`Client::failing_operations`]).
 #[derive(Debug, Default)]
 struct Reporter {
-    failing: Vec<&'static str>,
-    /// How many operations fail now, for [`Client::failing_operations`].
-    shared: Arc<AtomicUsize>,
+    shared: Arc<Mutex<Vec<Failure>>>,
 }
 
 impl Reporter {
-    fn report(&mut self, op: Op, result: &Result<(), Error>) {
+    fn failing(&self) -> std::sync::MutexGuard<'_, Vec<Failure>> {
+        // Plain assignments under the lock: a poisoned list is consistent.
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn report(&mut self, op: Op, result: &Result<(), Error>, server: &str) {
         match result {
             Ok(()) => self.recovered(op.as_str()),
             // Not a failure of its own: registration reports why it is missing.
             Err(Error::NotRegistered) => {}
-            Err(e) => self.failed(op.as_str(), &e.to_string()),
+            Err(e) => self.failed(op.as_str(), &e.to_string(), server),
         }
     }
 
-    fn failed(&mut self, op: &'static str, error: &str) {
-        if self.failing.contains(&op) {
-            tracing::debug!(op, error, "fleet: still failing");
+    fn failed(&mut self, op: &'static str, error: &str, server: &str) {
+        let mut failing = self.failing();
+        if let Some(known) = failing.iter_mut().find(|f| f.op == op) {
+            known.error = error.to_owned();
+            known.server = server.to_owned();
+            drop(failing);
+            tracing::debug!(op, server, error, "fleet: still failing");
         } else {
-            self.failing.push(op);
-            self.shared.store(self.failing.len(), Ordering::Relaxed);
-            tracing::warn!(op, error, "fleet: operation failed");
+            failing.push(Failure {
+                op,
+                server: server.to_owned(),
+                error: error.to_owned(),
+            });
+            drop(failing);
+            tracing::warn!(op, server, error, "fleet: operation failed");
         }
     }
 
     fn recovered(&mut self, op: &'static str) {
-        if let Some(i) = self.failing.iter().position(|o| *o == op) {
-            self.failing.swap_remove(i);
-            self.shared.store(self.failing.len(), Ordering::Relaxed);
+        let mut failing = self.failing();
+        if let Some(i) = failing.iter().position(|f| f.op == op) {
+            failing.swap_remove(i);
+            drop(failing);
             tracing::info!(op, "fleet: {op} succeeded again");
         }
     }
 
     #[cfg(test)]
     fn is_failing(&self, op: &str) -> bool {
-        self.failing.contains(&op)
+        self.failing().iter().any(|f| f.op == op)
     }
 }
 
@@ -434,18 +526,46 @@ mod tests {
         let mut r = Reporter::default();
         let fail = Err(Error::Closed);
         let shared = r.shared.clone();
-        let count = || shared.load(Ordering::Relaxed);
-        r.report(Op::Heartbeat, &fail);
+        let count = || shared.lock().unwrap().len();
+        let (a, b) = ("http://a:1", "http://b:2");
+        r.report(Op::Heartbeat, &fail, a);
         assert!(r.is_failing("heartbeat"));
         assert_eq!(count(), 1);
-        r.report(Op::Heartbeat, &fail);
-        r.report(Op::Config, &Err(Error::NotRegistered));
+        r.report(Op::Heartbeat, &fail, b);
+        assert_eq!(
+            shared.lock().unwrap()[0].server,
+            b,
+            "the latest failure's server"
+        );
+        r.report(Op::Config, &Err(Error::NotRegistered), a);
         assert!(!r.is_failing("config"));
-        r.report(Op::Register, &fail);
+        r.report(Op::Register, &fail, a);
         assert_eq!(count(), 2, "one per failing operation, not per failure");
-        r.report(Op::Heartbeat, &Ok(()));
-        r.report(Op::Register, &Ok(()));
+        r.report(Op::Heartbeat, &Ok(()), a);
+        r.report(Op::Register, &Ok(()), a);
         assert!(!r.is_failing("heartbeat"));
         assert_eq!(count(), 0);
+    }
+
+    #[test]
+    fn quick_replacements_in_a_row_warn_once_per_run() {
+        let quick = Duration::from_secs(30);
+        let soon = Some(Duration::from_secs(5));
+        let mut r = Replacements::default();
+        // The first replacement may be a restart of the server: no warning yet.
+        assert!(!r.replaced(soon, quick));
+        assert!(!r.replaced(soon, quick));
+        assert!(r.replaced(soon, quick), "the third in a row warns");
+        assert!(!r.replaced(soon, quick), "once per run");
+        // An instance that lived long ends the run; a new run warns again.
+        assert!(!r.replaced(Some(Duration::from_secs(3600)), quick));
+        assert_eq!(r.in_a_row, 1);
+        assert!(!r.replaced(soon, quick));
+        assert!(r.replaced(soon, quick));
+        // Without a known registration time nothing counts as quick.
+        let mut r = Replacements::default();
+        for _ in 0..5 {
+            assert!(!r.replaced(None, quick));
+        }
     }
 }

@@ -67,6 +67,8 @@ pub(crate) struct Servers {
     list: Vec<Server>,
     table: Mutex<Table>,
     failovers: AtomicU64,
+    /// The server whose answer (or failure) the latest request returned.
+    last_used: std::sync::atomic::AtomicUsize,
 }
 
 impl Servers {
@@ -85,6 +87,7 @@ impl Servers {
             list,
             table: Mutex::new(Table { current: 0, health }),
             failovers: AtomicU64::new(0),
+            last_used: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -108,6 +111,16 @@ impl Servers {
         self.table().current
     }
 
+    /// The server the latest request's outcome came from: the one a failure names.
+    pub(crate) fn last_used(&self) -> usize {
+        self.last_used.load(Ordering::Relaxed)
+    }
+
+    /// Records that a request's outcome came from server `i`.
+    pub(crate) fn used(&self, i: usize) {
+        self.last_used.store(i, Ordering::Relaxed);
+    }
+
     /// How often the current server changed (failovers and returns).
     pub(crate) fn failovers(&self) -> u64 {
         self.failovers.load(Ordering::Relaxed)
@@ -115,9 +128,6 @@ impl Servers {
 
     /// Server `i` answered a request: it is up.
     pub(crate) fn succeeded(&self, i: usize) {
-        if self.list.len() == 1 {
-            return;
-        }
         let mut table = self.table();
         table.health[i] = Health::default();
         // Every server was down and this one answered: stay with it.
@@ -131,9 +141,6 @@ impl Servers {
     /// current one the next server becomes current (the caller sends the request again, to
     /// each server at most once).
     pub(crate) fn failed(&self, i: usize, reason: &str, now: Instant) {
-        if self.list.len() == 1 {
-            return;
-        }
         let mut table = self.table();
         let health = &mut table.health[i];
         if !health.down {
@@ -144,7 +151,9 @@ impl Servers {
                 probing: false,
             };
         }
-        if table.current != i {
+        // A single server is down as well (its gauge must say so), but there is nowhere
+        // else to go: its next request is the probe.
+        if table.current != i || self.list.len() == 1 {
             return;
         }
         let n = self.list.len();
@@ -221,7 +230,8 @@ impl Servers {
         }
     }
 
-    /// Which servers are down now (for tests and metrics).
+    /// Which servers are down now (for tests and metrics): a server is down from a failed
+    /// request until it answers a request or a probe, a single server as well.
     pub(crate) fn down(&self) -> Vec<bool> {
         self.table().health.iter().map(|h| h.down).collect()
     }
@@ -355,13 +365,24 @@ mod tests {
         assert_eq!(servers.down(), [true, false, true]);
     }
 
+    /// Issue 26: `fleet_server_down` stayed 0 while the only server refused connections.
     #[test]
-    fn a_single_server_is_never_marked_down() {
+    fn a_single_server_is_down_after_a_failure_and_up_once_it_answers() {
         let servers = Servers::new(vec!["http://a:1".into()]);
         servers.failed(0, "refused", Instant::now());
         assert_eq!(servers.current(), 0);
+        assert_eq!(servers.down(), [true]);
+        // Requests go to it anyway; no probe of its own and no failover counted.
+        assert!(
+            servers
+                .due_probes(Instant::now() + MAX_PROBE_INTERVAL)
+                .is_empty()
+        );
+        assert_eq!(servers.failovers(), 0);
+        servers.failed(0, "refused", Instant::now());
+        assert_eq!(servers.down(), [true]);
+        servers.succeeded(0);
         assert_eq!(servers.down(), [false]);
-        assert!(servers.due_probes(Instant::now()).is_empty());
         assert_eq!(servers.failovers(), 0);
     }
 }

@@ -17,25 +17,48 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// still (see [`crate::untrusted`]).
 const ERROR_BODY_LIMIT: usize = 4096;
 
+/// Redirects followed in a row before the last one is answered as it is (Go's
+/// `net/http` client stops after as many).
+const MAX_REDIRECTS: usize = 10;
+
 /// Builds the HTTP client of a source.
 ///
-/// Redirects are not followed: the sources authenticate with custom headers (`X-Nomad-Token`,
-/// `X-API-Key`) that an HTTP client does not strip when a redirect changes the host, so
-/// following one could hand the credential to another origin. A redirect therefore surfaces
-/// as an unexpected status.
+/// Redirects are followed, as Go's `net/http` client follows them, but only within the
+/// origin (scheme, host and port) of the first request: the sources authenticate with
+/// custom headers (`X-Nomad-Token`, `X-API-Key`) that an HTTP client does not strip when a
+/// redirect changes the host, so following one elsewhere could hand the credential to
+/// another origin. Go forwards such headers; ccfleet answers a redirect to another origin
+/// as the unexpected status it is.
 pub(crate) fn client() -> Result<reqwest::Client, DiscoveryError> {
     client_builder()
+        .redirect(reqwest::redirect::Policy::custom(same_origin_redirects))
         .build()
         .map_err(|error| DiscoveryError::HttpClient { error })
 }
 
-/// The settings of [`client`], for a source that adds its own (trust anchors).
+/// The settings of [`client`] but for redirects, which it never follows, for a source that
+/// adds its own (trust anchors).
 pub(crate) fn client_builder() -> reqwest::ClientBuilder {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(REQUEST_TIMEOUT)
         .redirect(reqwest::redirect::Policy::none())
+}
+
+fn same_origin_redirects(attempt: reqwest::redirect::Attempt<'_>) -> reqwest::redirect::Action {
+    let Some(first) = attempt.previous().first() else {
+        return attempt.stop();
+    };
+    let next = attempt.url();
+    let same_origin = next.scheme() == first.scheme()
+        && next.host_str() == first.host_str()
+        && next.port_or_known_default() == first.port_or_known_default();
+    if same_origin && attempt.previous().len() <= MAX_REDIRECTS {
+        attempt.follow()
+    } else {
+        attempt.stop()
+    }
 }
 
 /// Parses an endpoint setting; the error never echoes the value, which may carry credentials.

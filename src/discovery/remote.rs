@@ -98,7 +98,8 @@ fn host_without_port(s: &str) -> String {
         };
     }
     match s.rsplit_once(':') {
-        Some((host, _)) if !host.contains(':') && !host.contains('[') => host.to_owned(),
+        // Go refuses a `[` or `]` anywhere in an unbracketed host; the value is then kept.
+        Some((host, _)) if !host.contains([':', '[', ']']) => host.to_owned(),
         _ => s.to_owned(),
     }
 }
@@ -139,6 +140,8 @@ mod tests {
             ("host:", "host"),
             ("[fd00::1]", "fd00::1"),
             ("", ""),
+            ("a]:80", "a]:80"),
+            ("a[b:80", "a[b:80"),
         ] {
             assert_eq!(host_without_port(input), want, "{input:?}");
         }

@@ -931,6 +931,28 @@ impl<'a> Line<'a> {
             .map(|(_, v)| v)
     }
 
+    /// How many tags the line has (repeated keys counted each time).
+    pub fn tag_count(&self) -> usize {
+        let known = usize::from(self.known_tags.count);
+        // Fewer than `KNOWN` kept is all of them, unless none could be kept (a buffer too
+        // long for the kept offsets) while the section holds some.
+        if known < KNOWN && (known > 0 || self.tags.is_empty()) {
+            known
+        } else {
+            self.tags().count()
+        }
+    }
+
+    /// How many fields the line has (at least one).
+    pub fn field_count(&self) -> usize {
+        let known = usize::from(self.known_fields.count);
+        if known > 0 && known < KNOWN {
+            known
+        } else {
+            self.fields().count()
+        }
+    }
+
     /// The line's own timestamp in Unix nanoseconds, if it has one.
     pub fn time(&self) -> Option<i64> {
         self.time

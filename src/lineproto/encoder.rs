@@ -1,9 +1,57 @@
-use super::error::EncodeError;
-use super::escape;
-use super::float::format_go_g;
-use super::point::{OwnedValue, Point};
+//! The line-protocol encoder.
+//!
+//! This file, with `format.rs`, `precision.rs` and `table.rs`, needs only `core` and `alloc`:
+//! the guest SDK compiles the very same files, so plugins encode their points with this
+//! encoder and the host checks them with the decoder beside it.
+
+use alloc::borrow::ToOwned;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+
+use super::format as escape;
+use super::format::format_go_g;
 use super::precision::Precision;
 use super::table::is_non_printable;
+
+/// Why the encoder refused a point; the partial line is removed from the output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// A measurement, key or tag value is empty, holds a control character or ends in a
+    /// backslash (which could not be decoded back).
+    InvalidToken {
+        /// Which token (`measurement`, `tag key`, `tag value`, `field key`).
+        what: &'static str,
+        /// The offending text.
+        value: String,
+    },
+    /// Tags must be added in strictly increasing key order.
+    TagOrder(String),
+    /// NaN and infinities have no line-protocol representation.
+    NonFinite(String),
+    /// A line needs at least one field.
+    NoFields,
+    /// The calls came in the wrong order (e.g. a tag after a field).
+    Sequence(&'static str),
+    /// The timestamp does not fit the encoder's precision.
+    TimestampOutOfRange,
+}
+
+impl fmt::Display for EncodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EncodeError::InvalidToken { what, value } => write!(f, "invalid {what} {value:?}"),
+            EncodeError::TagOrder(key) => write!(f, "tag key {key:?} out of order"),
+            EncodeError::NonFinite(key) => write!(f, "field {key:?} is not a finite number"),
+            EncodeError::NoFields => f.write_str("line has no fields"),
+            EncodeError::Sequence(what) => write!(f, "encoder misuse: {what}"),
+            EncodeError::TimestampOutOfRange => f.write_str("timestamp out of range"),
+        }
+    }
+}
+
+impl core::error::Error for EncodeError {}
 
 /// A field value to encode, borrowed from the caller.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,18 +93,6 @@ impl<'a> From<&'a str> for FieldRef<'a> {
         FieldRef::Str(v)
     }
 }
-impl<'a> From<&'a OwnedValue> for FieldRef<'a> {
-    fn from(v: &'a OwnedValue) -> Self {
-        match v {
-            OwnedValue::Float(v) => FieldRef::Float(*v),
-            OwnedValue::Int(v) => FieldRef::Int(*v),
-            OwnedValue::Uint(v) => FieldRef::Uint(*v),
-            OwnedValue::Bool(v) => FieldRef::Bool(*v),
-            OwnedValue::String(v) => FieldRef::Str(v),
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Idle,
@@ -99,7 +135,7 @@ impl Default for Encoder {
 
 impl Encoder {
     /// A strict encoder writing nanosecond timestamps.
-    pub fn new() -> Self {
+    pub const fn new() -> Self {
         Encoder {
             buf: Vec::new(),
             precision: Precision::Nanosecond,
@@ -137,7 +173,7 @@ impl Encoder {
         self.buf.truncate(self.complete_len());
         self.state = State::Idle;
         self.line_start = 0;
-        std::mem::take(&mut self.buf)
+        core::mem::take(&mut self.buf)
     }
 
     /// Empties the buffer, keeping its allocation.
@@ -298,27 +334,6 @@ impl Encoder {
         self.state = State::Idle;
         self.line_start = self.buf.len();
         Ok(())
-    }
-
-    /// Writes a whole point; with `sort_tags` its tags are written in key order (as strict
-    /// mode requires) without changing the point.
-    pub fn encode_point(&mut self, point: &Point, sort_tags: bool) -> Result<(), EncodeError> {
-        self.start_line(&point.measurement)?;
-        if sort_tags && !point.tags.windows(2).all(|w| w[0].0 < w[1].0) {
-            let mut tags: Vec<&(String, String)> = point.tags.iter().collect();
-            tags.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            for (k, v) in tags {
-                self.add_tag(k, v)?;
-            }
-        } else {
-            for (k, v) in &point.tags {
-                self.add_tag(k, v)?;
-            }
-        }
-        for (k, v) in &point.fields {
-            self.add_field(k, v)?;
-        }
-        self.end_line(point.time)
     }
 }
 

@@ -92,33 +92,3 @@ impl fmt::Display for DecodeError {
 }
 
 impl std::error::Error for DecodeError {}
-
-/// Why the encoder refused a point; the partial line is removed from the output.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum EncodeError {
-    /// A measurement, key or tag value is empty, holds a control character or ends in a
-    /// backslash (which could not be decoded back).
-    #[error("invalid {what} {value:?}")]
-    InvalidToken {
-        /// Which token (`measurement`, `tag key`, `tag value`, `field key`).
-        what: &'static str,
-        /// The offending text.
-        value: String,
-    },
-    /// Tags must be added in strictly increasing key order.
-    #[error("tag key {0:?} out of order")]
-    TagOrder(String),
-    /// NaN and infinities have no line-protocol representation.
-    #[error("field {0:?} is not a finite number")]
-    NonFinite(String),
-    /// A line needs at least one field.
-    #[error("line has no fields")]
-    NoFields,
-    /// The calls came in the wrong order (e.g. a tag after a field).
-    #[error("encoder misuse: {0}")]
-    Sequence(&'static str),
-    /// The timestamp does not fit the encoder's precision.
-    #[error("timestamp out of range")]
-    TimestampOutOfRange,
-}

@@ -66,41 +66,6 @@ pub(crate) fn unescaped_eq(raw: &str, kind: TokenKind, s: &str) -> bool {
     all_matched && rest.is_empty()
 }
 
-/// Appends `s` escaped for a measurement (`,` and space).
-pub(crate) fn escape_measurement(s: &str, out: &mut Vec<u8>) {
-    escape_with(s, out, |b| matches!(b, b',' | b' '));
-}
-
-/// Appends `s` escaped for a tag key, tag value or field key (`,`, `=` and space).
-pub(crate) fn escape_key(s: &str, out: &mut Vec<u8>) {
-    escape_with(s, out, |b| matches!(b, b',' | b'=' | b' '));
-}
-
-/// Appends `s` escaped for the inside of a string field (`\` and `"`).
-pub(crate) fn escape_string_field(s: &str, out: &mut Vec<u8>) {
-    escape_with(s, out, |b| matches!(b, b'\\' | b'"'));
-}
-
-#[inline]
-fn escape_with(s: &str, out: &mut Vec<u8>, needs_escape: impl Fn(u8) -> bool) {
-    let bytes = s.as_bytes();
-    if !bytes.iter().any(|&b| needs_escape(b)) {
-        out.extend_from_slice(bytes);
-        return;
-    }
-    out.reserve(bytes.len() + 8);
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        if needs_escape(b) {
-            out.extend_from_slice(&bytes[start..i]);
-            out.push(b'\\');
-            out.push(b);
-            start = i + 1;
-        }
-    }
-    out.extend_from_slice(&bytes[start..]);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

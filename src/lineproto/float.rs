@@ -264,75 +264,9 @@ fn parse_short_decimal(raw: &[u8]) -> Option<f64> {
     Some(if neg { -value } else { value })
 }
 
-/// Appends `v` as Go's `strconv.AppendFloat(v, 'g', -1, 64)` does: the shortest digits that
-/// round-trip, in exponent form when the decimal exponent is below -4 or at least 6
-/// (`1e+06`, `1.5e-05`, `1.7976931348623157e+308`), else in plain form (`12.123`, `0.0001`).
-pub(crate) fn format_go_g(v: f64, out: &mut Vec<u8>) {
-    use std::io::Write;
-    // Rust's `{:e}` yields the same shortest round-trip digits as Go: `d[.ddd]e<exp>`.
-    let mut sci = [0u8; 40];
-    let len = {
-        let mut cursor = std::io::Cursor::new(&mut sci[..]);
-        write!(cursor, "{v:e}").expect("40 bytes hold any f64 in exponent form");
-        cursor.position() as usize
-    };
-    let sci = &sci[..len];
-    let (neg, sci) = match sci.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, sci),
-    };
-    let e_at = sci.iter().position(|&b| b == b'e').expect("exponent form");
-    let mantissa = &sci[..e_at];
-    let exp: i32 = std::str::from_utf8(&sci[e_at + 1..])
-        .expect("ASCII")
-        .parse()
-        .expect("integer exponent");
-    let mut digits = [0u8; 20];
-    let mut nd = 0;
-    for &b in mantissa.iter().filter(|b| b.is_ascii_digit()) {
-        digits[nd] = b;
-        nd += 1;
-    }
-    let digits = &digits[..nd];
-    if neg {
-        out.push(b'-');
-    }
-    if !(-4..6).contains(&exp) {
-        out.push(digits[0]);
-        if digits.len() > 1 {
-            out.push(b'.');
-            out.extend_from_slice(&digits[1..]);
-        }
-        out.push(b'e');
-        out.push(if exp < 0 { b'-' } else { b'+' });
-        let abs = exp.unsigned_abs();
-        if abs < 10 {
-            out.push(b'0');
-        }
-        out.extend_from_slice(itoa::Buffer::new().format(abs).as_bytes());
-        return;
-    }
-    // Plain form: the decimal point sits after `exp + 1` digits.
-    let point = exp + 1;
-    if point <= 0 {
-        out.extend_from_slice(b"0.");
-        out.extend(std::iter::repeat_n(b'0', point.unsigned_abs() as usize));
-        out.extend_from_slice(digits);
-    } else {
-        let point = point as usize;
-        if digits.len() <= point {
-            out.extend_from_slice(digits);
-            out.extend(std::iter::repeat_n(b'0', point - digits.len()));
-        } else {
-            out.extend_from_slice(&digits[..point]);
-            out.push(b'.');
-            out.extend_from_slice(&digits[point..]);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::format::format_go_g;
     use super::*;
 
     fn g(v: f64) -> String {

@@ -26,11 +26,13 @@
 //! assert_eq!(line.time(), Some(1_700_000_000_000_000_000));
 //! ```
 
+mod check;
 mod decoder;
 mod encoder;
 mod error;
 mod escape;
 mod float;
+mod format;
 mod point;
 mod precision;
 mod scan;
@@ -39,9 +41,10 @@ mod table;
 mod token;
 mod value;
 
+pub use check::{BatchError, BatchLimits, check_batch};
 pub use decoder::{DEFAULT_MAX_LINE_LEN, Decoder, DecoderOptions, Fields, Line, Tags};
-pub use encoder::{Encoder, FieldRef};
-pub use error::{DecodeError, DecodeErrorKind, EncodeError};
+pub use encoder::{EncodeError, Encoder, FieldRef};
+pub use error::{DecodeError, DecodeErrorKind};
 pub use point::{OwnedValue, Point, PointError};
 pub use precision::{Precision, PrecisionError};
 pub use token::{Token, TokenKind};

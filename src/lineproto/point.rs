@@ -1,4 +1,5 @@
 use super::decoder::Line;
+use super::encoder::{EncodeError, Encoder, FieldRef};
 use super::value::FieldValue;
 
 /// An owned field value, for points built in memory or kept beyond the input buffer.
@@ -101,5 +102,40 @@ impl Point {
             .map(|(k, v)| json!({ "key": k, "value": v }))
             .collect();
         json!({ "name": self.measurement, "tags": tags, "fields": fields, "time": self.time })
+    }
+}
+
+impl<'a> From<&'a OwnedValue> for FieldRef<'a> {
+    fn from(v: &'a OwnedValue) -> Self {
+        match v {
+            OwnedValue::Float(v) => FieldRef::Float(*v),
+            OwnedValue::Int(v) => FieldRef::Int(*v),
+            OwnedValue::Uint(v) => FieldRef::Uint(*v),
+            OwnedValue::Bool(v) => FieldRef::Bool(*v),
+            OwnedValue::String(v) => FieldRef::Str(v),
+        }
+    }
+}
+
+impl Encoder {
+    /// Writes a whole point; with `sort_tags` its tags are written in key order (as strict
+    /// mode requires) without changing the point.
+    pub fn encode_point(&mut self, point: &Point, sort_tags: bool) -> Result<(), EncodeError> {
+        self.start_line(&point.measurement)?;
+        if sort_tags && !point.tags.windows(2).all(|w| w[0].0 < w[1].0) {
+            let mut tags: Vec<&(String, String)> = point.tags.iter().collect();
+            tags.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            for (k, v) in tags {
+                self.add_tag(k, v)?;
+            }
+        } else {
+            for (k, v) in &point.tags {
+                self.add_tag(k, v)?;
+            }
+        }
+        for (k, v) in &point.fields {
+            self.add_field(k, v)?;
+        }
+        self.end_line(point.time)
     }
 }

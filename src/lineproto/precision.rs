@@ -1,5 +1,9 @@
-use std::fmt;
-use std::str::FromStr;
+//! Timestamp precisions. Needs only `core` and `alloc`: the guest SDK compiles this file too.
+
+use alloc::borrow::ToOwned;
+use alloc::string::String;
+use core::fmt;
+use core::str::FromStr;
 
 /// The unit of the timestamps in line protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -16,9 +20,16 @@ pub enum Precision {
 }
 
 /// A precision name that is not one of `ns`, `us`, `ms`, `s`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown precision {0:?} (use ns, us, ms or s)")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrecisionError(pub String);
+
+impl fmt::Display for PrecisionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown precision {:?} (use ns, us, ms or s)", self.0)
+    }
+}
+
+impl core::error::Error for PrecisionError {}
 
 impl Precision {
     /// Nanoseconds per unit.

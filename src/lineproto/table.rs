@@ -1,3 +1,5 @@
+//! Byte classes of line protocol. Needs only `core`: the guest SDK compiles this file too.
+//!
 //! 256-entry byte-class tables: one lookup per byte on the hot path, as the Go decoder does.
 
 /// Bytes that may not appear unescaped outside string fields (0x00-0x1f and 0x7f).

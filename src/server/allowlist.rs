@@ -122,6 +122,11 @@ impl Allowlist {
         self
     }
 
+    /// The request's client address (see [`TrustedProxies::client_ip`]).
+    pub fn client_ip(&self, headers: &HeaderMap, peer: SocketAddr) -> String {
+        self.proxies.client_ip(headers, peer)
+    }
+
     /// Whether the request's client (see [`TrustedProxies::client_ip`]) may use the API.
     pub fn allows(&self, headers: &HeaderMap, peer: SocketAddr) -> bool {
         if self.any {

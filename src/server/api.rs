@@ -1,4 +1,5 @@
-//! The HTTP surface: cc-backend's `/api/fleet/*` routes, `/healthz` and `/metrics`.
+//! The HTTP surface: cc-backend's `/api/fleet/*` routes, `/healthz` and `/metrics` (and
+//! the status view's routes, see [`super::status`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -17,6 +18,7 @@ use serde::Deserialize;
 use super::allowlist::Allowlist;
 use super::auth::{self, Verifier};
 use super::configtree::ConfigTree;
+use super::duplicates::{self, Duplicates};
 use super::error::{RegistryError, RegistryErrorKind};
 use super::health::Health;
 use super::metrics::Metrics;
@@ -41,6 +43,9 @@ pub(crate) struct AppState {
     pub roster: RosterNotify,
     pub health: Health,
     pub plugins: Option<Arc<PluginDir>>,
+    /// Members registered in turn from different peers (see [`Duplicates::is_duplicate`]).
+    pub duplicates: Arc<Duplicates>,
+    pub status: Arc<super::status::Status>,
 }
 
 /// Builds the router.
@@ -61,6 +66,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/fleet/plugins/{sha256}", get(plugin))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .merge(super::status::routes())
         .fallback(not_found)
         .with_state(state)
 }
@@ -131,6 +137,11 @@ pub(crate) enum ApiError {
     PayloadTooLarge,
     /// 400: the body could not be read (it stalled or broke off).
     BodyUnreadable,
+    /// 503 with `Retry-After`: the request names an instance this server does not know and
+    /// it cannot tell whether another server sharing the registry registered it a moment
+    /// ago. Never answered 404 (an agent would re-register and lose its identity) nor
+    /// 204 (nothing was deregistered).
+    Undecided,
     /// 500: a failure of the server itself.
     Internal {
         /// What the server was doing.
@@ -147,7 +158,22 @@ impl ApiError {
             source: Box::new(e),
         }
     }
+
+    /// A registry failure: [`ApiError::Undecided`] when the registry could not tell whether
+    /// the instance exists, else an internal error.
+    fn registry(context: &'static str, e: RegistryError) -> Self {
+        if e.kind() == RegistryErrorKind::Behind {
+            ApiError::Undecided
+        } else {
+            ApiError::internal(context, e)
+        }
+    }
 }
+
+/// Seconds an undecided request's client is asked to wait before it retries: about how
+/// long a shared registry's watch needs to deliver a registration made through another
+/// server once the bucket answers again.
+const UNDECIDED_RETRY_AFTER: &str = "1";
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -168,6 +194,19 @@ impl IntoResponse for ApiError {
             )),
             ApiError::BodyUnreadable => {
                 closing(error(StatusCode::BAD_REQUEST, "cannot read request body"))
+            }
+            ApiError::Undecided => {
+                tracing::debug!("fleet: answered 503: the shared registry is not caught up");
+                let mut response = error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "cannot tell whether the instance exists yet: the shared registry is \
+                     catching up; retry",
+                );
+                response.headers_mut().insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from_static(UNDECIDED_RETRY_AFTER),
+                );
+                response
             }
             ApiError::Internal { context, source } => {
                 // The registry logs the first failure of a burst of failed writes itself
@@ -243,6 +282,9 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    state
+        .metrics
+        .set_duplicate_members(state.duplicates.active() as u64);
     let text = state.metrics.render(&state.registry.counts());
     (
         [(
@@ -420,12 +462,14 @@ fn validate(scope: Scope, body: RegisterBody) -> Result<Registration, String> {
     if scope == Scope::Cluster {
         names::check_cluster(&cluster)?;
     }
+    let meta = body.meta_data.unwrap_or_default();
+    names::check_meta(meta.iter())?;
     Ok(Registration {
         scope,
         cluster,
         hostname,
         service_type,
-        meta: body.meta_data.unwrap_or_default(),
+        meta,
     })
 }
 
@@ -448,6 +492,13 @@ async fn register(
     scope: Scope,
     request: Request,
 ) -> Result<Response, ApiError> {
+    // Who registers: two services taking turns with one identity show as alternating peers.
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|&ConnectInfo(tcp)| {
+            duplicates::peer_of(&state.allowlist.client_ip(request.headers(), tcp), tcp)
+        });
     let body = read_body(request).await?;
     // Like Go's json.Decoder, only the first JSON value of the body counts.
     let parsed = serde_json::Deserializer::from_slice(&body)
@@ -475,6 +526,15 @@ async fn register(
             Untrusted(&registration.hostname)
         ),
     });
+    let member = peer.map(|peer| {
+        (
+            peer,
+            registration.scope,
+            registration.cluster.clone(),
+            registration.hostname.clone(),
+            registration.service_type,
+        )
+    });
     let registered = state
         .registry
         .register(registration)
@@ -482,6 +542,11 @@ async fn register(
         .map_err(|e| ApiError::internal("registering a service", e))?;
     if let Some(label) = label {
         tracing::info!("fleet: registered {label}");
+    }
+    if let Some((peer, scope, cluster, hostname, service_type)) = member {
+        state
+            .duplicates
+            .registered(scope, &cluster, &hostname, service_type, peer);
     }
     state.roster.notify();
     // What serde_json writes for a RegisterResponse (the id is 32 hex digits, nothing to
@@ -507,7 +572,7 @@ async fn heartbeat(
         .registry
         .heartbeat(&id)
         .await
-        .map_err(|e| ApiError::internal("applying a heartbeat", e))?
+        .map_err(|e| ApiError::registry("applying a heartbeat", e))?
         .ok_or(ApiError::UnknownInstance)?;
     Metrics::add(&state.metrics.rest_heartbeats, 1);
     if activated {
@@ -538,6 +603,7 @@ async fn config(
         .registry
         .lookup_fresh(&id)
         .await
+        .map_err(|e| ApiError::registry("looking up an instance", e))?
         .filter(|s| s.state != super::registry::State::Deregistered)
         .ok_or(ApiError::UnknownInstance)?;
     let resolved = state.tree.as_ref().and_then(|tree| {
@@ -552,6 +618,7 @@ async fn config(
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
     let revision = resolved.revision.to_string();
+    state.status.served(&resolved);
     // cc-backend acknowledges before the conditional check: a 304 is a successful pull too.
     if resolved.revision != service.config_revision {
         state
@@ -657,7 +724,7 @@ async fn deregister(
         .registry
         .deregister(&id)
         .await
-        .map_err(|e| ApiError::internal("deregistering a service", e))?;
+        .map_err(|e| ApiError::registry("deregistering a service", e))?;
     if changed {
         tracing::info!("fleet: deregistered an instance");
         state.roster.notify();
@@ -688,6 +755,22 @@ mod tests {
                 String::from_utf8(expected).unwrap()
             );
         }
+    }
+
+    #[test]
+    fn an_undecided_instance_is_a_retryable_503_never_unknown() {
+        for context in ["applying a heartbeat", "deregistering a service"] {
+            let response = ApiError::registry(context, RegistryError::behind()).into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        }
+        let full = RegistryError::new(RegistryErrorKind::Unavailable, "disk is full");
+        assert_eq!(
+            ApiError::registry("registering", full)
+                .into_response()
+                .status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
     }
 
     #[test]

@@ -267,6 +267,9 @@ impl Verifier {
         let header_json = URL_SAFE_NO_PAD
             .decode(header_part)
             .map_err(|_| AuthError::MalformedToken)?;
+        if !nesting_within(&header_json, MAX_JSON_NESTING) {
+            return Err(AuthError::MalformedToken);
+        }
         let header: Header =
             serde_json::from_slice(&header_json).map_err(|_| AuthError::MalformedToken)?;
         if header.alg != "EdDSA" {
@@ -286,8 +289,46 @@ impl Verifier {
         let claims_json = URL_SAFE_NO_PAD
             .decode(claims_part)
             .map_err(|_| AuthError::MalformedToken)?;
+        if !nesting_within(&claims_json, MAX_JSON_NESTING) {
+            return Err(AuthError::MalformedToken);
+        }
         serde_json::from_slice(&claims_json).map_err(|_| AuthError::MalformedToken)
     }
+}
+
+/// The deepest nesting of arrays and objects a token's JSON may have: Go's `encoding/json`
+/// (which cc-backend's JWT parser decodes with) refuses anything deeper. serde_json limits
+/// the depth of what it builds, but not of what it skips, and a token's unknown claims are
+/// skipped.
+const MAX_JSON_NESTING: usize = 10_000;
+
+/// Whether `json` nests arrays and objects at most `max` deep; brackets inside strings
+/// (escapes included) do not count. Malformed JSON is left to the parser.
+fn nesting_within(json: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    true
 }
 
 /// cc-backend's rule for `/api/`: a single role must be `api`; several roles must include
@@ -344,6 +385,50 @@ mod tests {
         assert_eq!(claims.sub, "fleetbot");
         assert_eq!(claims.roles, ["api"]);
         assert_eq!(claims.exp.unwrap() - claims.iat.unwrap(), 60.0);
+    }
+
+    /// A token signed with `kp` whose claims are `claims`, as given.
+    fn token_with_claims(kp: &Keypair, claims: &str) -> String {
+        let mut token = URL_SAFE_NO_PAD.encode(HEADER_JSON);
+        token.push('.');
+        URL_SAFE_NO_PAD.encode_string(claims, &mut token);
+        let signature = kp.sign(token.as_bytes());
+        token.push('.');
+        URL_SAFE_NO_PAD.encode_string(signature, &mut token);
+        token
+    }
+
+    #[test]
+    fn claims_nested_deeper_than_go_decodes_are_refused() {
+        let kp = Keypair::generate();
+        let verifier = kp.verifier();
+        let nested = |depth: usize| {
+            format!(
+                r#"{{"sub":"x","roles":["api"],"extra":{}1{}}}"#,
+                "[".repeat(depth),
+                "]".repeat(depth)
+            )
+        };
+        // The claims object itself is one level: Go's limit counts it too.
+        let fits = token_with_claims(&kp, &nested(MAX_JSON_NESTING - 1));
+        assert_eq!(verifier.verify(&fits).unwrap().sub, "x");
+        for depth in [MAX_JSON_NESTING, 20_000] {
+            let deep = token_with_claims(&kp, &nested(depth));
+            assert_eq!(
+                verifier.verify(&deep),
+                Err(AuthError::MalformedToken),
+                "{depth}"
+            );
+        }
+        // Brackets inside strings are text, escaped quotes included.
+        let text = format!(
+            r#"{{"sub":"x","roles":["api"],"note":"\"{}"}}"#,
+            "[".repeat(20_000)
+        );
+        assert_eq!(
+            verifier.verify(&token_with_claims(&kp, &text)).unwrap().sub,
+            "x"
+        );
     }
 
     #[test]

@@ -248,8 +248,10 @@ struct RawConfig {
     registry: Option<RawRegistry>,
 }
 
-// Durations stay strings here: cc-backend logs a malformed one and falls back to the
-// default instead of refusing to start, and so do we.
+// Durations stay strings here, parsed with Go's syntax below. cc-backend logs a malformed
+// one and falls back to the default; this server refuses it instead (at start-up and in
+// `--check-config` alike): a typo such as "90 seconds" would otherwise run the fleet with a
+// value nobody chose, and the warning scrolls by unread.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawFleet {
@@ -267,29 +269,62 @@ struct RawFleet {
     heartbeat_stream: Option<RawHeartbeatStream>,
 }
 
-fn duration_or_default(key: &str, raw: Option<&str>, default: Duration) -> Duration {
+/// A positive Go duration, or `default` when the key is absent or empty.
+fn duration_or_default(
+    key: &str,
+    raw: Option<&str>,
+    default: Duration,
+) -> Result<Duration, ServerError> {
     let Some(raw) = raw.filter(|s| !s.is_empty()) else {
-        return default;
+        return Ok(default);
     };
     match crate::duration::parse(raw) {
-        Ok(d) if !d.is_zero() => d,
-        Ok(_) => {
-            tracing::warn!(
-                "Config: {key}: cannot parse '{}', using {}: must be positive",
-                Untrusted(raw),
-                crate::duration::format(default)
-            );
-            default
-        }
-        Err(e) => {
-            tracing::warn!(
-                "Config: {key}: cannot parse '{}', using {}: {e}",
-                Untrusted(raw),
-                crate::duration::format(default)
-            );
-            default
-        }
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err(ServerError::InvalidValue(format!(
+            "{key} must be a positive duration, got \"{}\" (the default is \"{}\")",
+            Untrusted(raw),
+            crate::duration::format(default)
+        ))),
+        Err(e) => Err(ServerError::InvalidValue(format!(
+            "{key} \"{}\" is not a Go duration ({e}); write e.g. \"{}\", \"1m30s\" or \"1.5h\"",
+            Untrusted(raw),
+            crate::duration::format(default)
+        ))),
     }
+}
+
+/// Checks `addr` is what the listener binds: `host:port`, the host a name, an IPv4 address
+/// or a bracketed IPv6 address, the port a number (0 picks a free one).
+fn check_addr(addr: &str) -> Result<(), ServerError> {
+    let refuse = |why: &str| {
+        Err(ServerError::InvalidValue(format!(
+            "addr \"{}\" {why}; write \"host:port\", e.g. \"127.0.0.1:8080\", \"0.0.0.0:8080\" (every IPv4 address) or \"[::]:8080\"",
+            Untrusted(addr)
+        )))
+    };
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return refuse("has no port");
+    };
+    if port.parse::<u16>().is_err() {
+        return refuse(if port.is_empty() {
+            "has no port"
+        } else {
+            "has no valid port (0 to 65535)"
+        });
+    }
+    if host.is_empty() {
+        return refuse("has no host (Go's \":8080\" form is not accepted)");
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return refuse("holds an IPv6 address without brackets");
+    }
+    if host
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '/')
+    {
+        return refuse("is not a host name or address");
+    }
+    Ok(())
 }
 
 /// Whether `prefix` is literal NATS subject tokens: non-empty tokens joined by `.`, without
@@ -305,13 +340,34 @@ fn is_subject_prefix(prefix: &str) -> bool {
         })
 }
 
+/// Whether nats-server accepts `subject` in a subscription: non-empty tokens joined by `.`,
+/// without whitespace or control characters, where a wildcard is a whole token (`*`, or `>`
+/// as the last one), at most 1024 bytes.
+fn is_subscription_subject(subject: &str) -> bool {
+    let mut tokens = subject.split('.').peekable();
+    subject.len() <= 1024
+        && std::iter::from_fn(|| tokens.next().map(|t| (t, tokens.peek().is_none()))).all(
+            |(token, last)| {
+                !token.is_empty()
+                    && !token.chars().any(|c| c.is_whitespace() || c.is_control())
+                    && match token {
+                        "*" => true,
+                        ">" => last,
+                        _ => !token.contains(['*', '>']),
+                    }
+            },
+        )
+}
+
 impl ServerConfig {
     /// Parses the JSON configuration file text.
     ///
-    /// Unknown keys are errors; malformed or non-positive durations are logged and replaced
-    /// by their defaults, as cc-backend does.
+    /// Unknown keys, values of the wrong type (named by their key), an `addr` that is not
+    /// `host:port` and malformed or non-positive durations are errors. cc-backend logs a
+    /// malformed duration and uses the default; this server refuses it (see `RawFleet`).
     pub fn from_json(text: &str) -> Result<ServerConfig, ServerError> {
-        let raw: RawConfig = serde_json::from_str(text).map_err(ServerError::ConfigSyntax)?;
+        let raw: RawConfig =
+            crate::json_config::from_str(text).map_err(ServerError::ConfigSyntax)?;
         let f = raw.fleet;
         let heartbeat_concurrency = match f.heartbeat_concurrency {
             None => DEFAULT_HEARTBEAT_CONCURRENCY,
@@ -342,6 +398,15 @@ impl ServerConfig {
                 "fleet.discovery-subject-prefix must be NATS subject tokens joined by '.' (at most 1024 bytes, no empty token, wildcard, whitespace or control character)",
             ));
         }
+        // nats-server refuses such a subscription, which would end the server at start.
+        if let Some(subject) = f.heartbeat_subject.as_deref()
+            && !subject.is_empty()
+            && !is_subscription_subject(subject)
+        {
+            return Err(ServerError::InvalidConfig(
+                "fleet.heartbeat-subject must be a NATS subject: tokens joined by '.' (at most 1024 bytes, no empty token, whitespace or control character; '*' and a final '>' only as whole tokens)",
+            ));
+        }
         let heartbeat_stream = heartbeat_stream_config(
             f.heartbeat_stream,
             f.heartbeat_subject
@@ -356,17 +421,17 @@ impl ServerConfig {
                 "fleet.stale-after",
                 f.stale_after.as_deref(),
                 DEFAULT_STALE_AFTER,
-            ),
+            )?,
             sweep_interval: duration_or_default(
                 "fleet.sweep-interval",
                 f.sweep_interval.as_deref(),
                 DEFAULT_SWEEP_INTERVAL,
-            ),
+            )?,
             config_reload_interval: duration_or_default(
                 "fleet.config-reload-interval",
                 f.config_reload_interval.as_deref(),
                 DEFAULT_CONFIG_RELOAD_INTERVAL,
-            ),
+            )?,
             heartbeat_subject: f.heartbeat_subject.filter(|s| !s.is_empty()),
             heartbeat_concurrency,
             heartbeat_pending_messages,
@@ -378,12 +443,12 @@ impl ServerConfig {
                 "fleet.discovery-interval",
                 f.discovery_interval.as_deref(),
                 DEFAULT_DISCOVERY_INTERVAL,
-            ),
+            )?,
             discovery_debounce: duration_or_default(
                 "fleet.discovery-debounce",
                 f.discovery_debounce.as_deref(),
                 DEFAULT_DISCOVERY_DEBOUNCE,
-            ),
+            )?,
             heartbeat_stream,
         };
         let max_connections = match raw.http_max_connections {
@@ -400,12 +465,12 @@ impl ServerConfig {
                 "http-header-timeout",
                 raw.http_header_timeout.as_deref(),
                 DEFAULT_HTTP_HEADER_TIMEOUT,
-            ),
+            )?,
             body_timeout: duration_or_default(
                 "http-body-timeout",
                 raw.http_body_timeout.as_deref(),
                 DEFAULT_HTTP_BODY_TIMEOUT,
-            ),
+            )?,
             max_connections,
         };
         if let Some(nats) = &raw.nats
@@ -414,11 +479,13 @@ impl ServerConfig {
             return Err(ServerError::InvalidConfig("nats.address is required"));
         }
         let registry = registry_config(raw.registry, raw.db.is_some(), raw.nats.is_some())?;
+        let addr = raw
+            .addr
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| DEFAULT_ADDR.to_owned());
+        check_addr(&addr)?;
         Ok(ServerConfig {
-            addr: raw
-                .addr
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| DEFAULT_ADDR.to_owned()),
+            addr,
             db: raw.db.filter(|p| !p.as_os_str().is_empty()),
             api_allowed_ips: raw.api_allowed_ips,
             trusted_proxies: raw.trusted_proxies,
@@ -651,8 +718,8 @@ mod tests {
         assert_eq!(c.http.body_timeout, Duration::from_secs(2));
         assert_eq!(c.http.max_connections, 64);
         assert!(ServerConfig::from_json(r#"{"http-max-connections":0}"#).is_err());
-        let c = ServerConfig::from_json(r#"{"http-header-timeout":"soon"}"#).unwrap();
-        assert_eq!(c.http.header_timeout, DEFAULT_HTTP_HEADER_TIMEOUT);
+        let e = ServerConfig::from_json(r#"{"http-header-timeout":"soon"}"#).unwrap_err();
+        assert!(e.to_string().contains("http-header-timeout"), "{e}");
     }
 
     #[test]
@@ -681,15 +748,76 @@ mod tests {
     }
 
     #[test]
-    fn malformed_durations_fall_back_and_unknown_keys_fail() {
-        let c =
-            ServerConfig::from_json(r#"{"fleet":{"stale-after":"soon","sweep-interval":"0s"}}"#)
-                .unwrap();
-        assert_eq!(c.fleet.stale_after, DEFAULT_STALE_AFTER);
-        assert_eq!(c.fleet.sweep_interval, DEFAULT_SWEEP_INTERVAL);
+    fn malformed_or_non_positive_durations_are_errors_naming_key_and_value() {
+        for (fleet, key, value) in [
+            (
+                r#"{"stale-after":"90 seconds"}"#,
+                "fleet.stale-after",
+                "90 seconds",
+            ),
+            (r#"{"stale-after":"soon"}"#, "fleet.stale-after", "soon"),
+            (r#"{"sweep-interval":"0s"}"#, "fleet.sweep-interval", "0s"),
+            (
+                r#"{"discovery-debounce":"-1s"}"#,
+                "fleet.discovery-debounce",
+                "-1s",
+            ),
+        ] {
+            let e = ServerConfig::from_json(&format!(r#"{{"fleet":{fleet}}}"#))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(key) && e.contains(&format!("\"{value}\"")),
+                "{fleet}: {e}"
+            );
+        }
         assert!(ServerConfig::from_json(r#"{"bogus":1}"#).is_err());
         assert!(ServerConfig::from_json(r#"{"fleet":{"bogus":1}}"#).is_err());
         assert!(ServerConfig::from_json(r#"{"nats":{"address":""}}"#).is_err());
+    }
+
+    #[test]
+    fn an_addr_without_host_or_port_is_refused() {
+        for bad in [
+            "localhost",
+            "localhost:",
+            ":8080",
+            "127.0.0.1:99999",
+            "::1:8080",
+            "a b:1",
+        ] {
+            let e = ServerConfig::from_json(&format!(r#"{{"addr":"{bad}"}}"#))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("addr") && e.contains("host:port"), "{bad}: {e}");
+        }
+        for good in [
+            "localhost:8080",
+            "127.0.0.1:0",
+            "[::1]:8080",
+            "[::]:80",
+            "fleet.example:443",
+        ] {
+            let c = ServerConfig::from_json(&format!(r#"{{"addr":"{good}"}}"#)).unwrap();
+            assert_eq!(c.addr, good);
+        }
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_key_and_form() {
+        let e = ServerConfig::from_json("{\n  \"addr\": 18081\n}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("addr: invalid type: integer `18081`"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        assert!(e.contains("\"host:port\""), "{e}");
+        let e = ServerConfig::from_json(r#"{"fleet": {"stale-after": 90}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("fleet.stale-after") && e.contains("Go duration"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -723,6 +851,44 @@ mod tests {
         );
         std::fs::create_dir(&missing).unwrap();
         assert!(c.warnings().is_empty());
+    }
+
+    #[test]
+    fn a_heartbeat_subject_nats_would_refuse_is_refused() {
+        for subject in [
+            "cc..event",
+            ".cc",
+            "cc.",
+            "c c.x",
+            "cc\\n",
+            "cc.>.x",
+            "cc.ev*",
+            "cc.>x",
+            "cc.a>",
+        ] {
+            let text = format!(r#"{{"fleet":{{"heartbeat-subject":"{subject}"}}}}"#);
+            let err = ServerConfig::from_json(&text).unwrap_err();
+            assert!(
+                err.to_string().contains("heartbeat-subject"),
+                "{subject:?}: {err}"
+            );
+        }
+        let long = format!(
+            r#"{{"fleet":{{"heartbeat-subject":"{}"}}}}"#,
+            "a".repeat(1025)
+        );
+        assert!(ServerConfig::from_json(&long).is_err());
+        for subject in [
+            "cc.fleet.event",
+            "cc.*.event",
+            "cc.fleet.>",
+            ">",
+            "site-1.hb_2",
+        ] {
+            let text = format!(r#"{{"fleet":{{"heartbeat-subject":"{subject}"}}}}"#);
+            let c = ServerConfig::from_json(&text).unwrap();
+            assert_eq!(c.fleet.heartbeat_subject.as_deref(), Some(subject));
+        }
     }
 
     #[test]

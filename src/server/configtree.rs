@@ -94,6 +94,29 @@ impl ConfigTree {
         }
     }
 
+    /// Every plugin a layer names by content: `(layer, plugin name, sha256)` for each entry
+    /// of a layer's `plugins` list that has a `sha256` string, in layer order. The
+    /// configuration check holds them against `fleet.plugin-dir`.
+    pub fn named_plugins(&self) -> Vec<(String, String, String)> {
+        let generation = self.snapshot();
+        let mut layers: Vec<(&String, &Arc<Map<String, Value>>)> =
+            generation.layers.iter().collect();
+        layers.sort_by(|a, b| a.0.cmp(b.0));
+        let mut named = Vec::new();
+        for (path, layer) in layers {
+            let Some(Value::Array(plugins)) = layer.get("plugins") else {
+                continue;
+            };
+            for entry in plugins {
+                if let Some(Value::String(sha256)) = entry.get("sha256") {
+                    let name = entry.get("name").and_then(Value::as_str).unwrap_or("");
+                    named.push((path.clone(), name.to_owned(), sha256.clone()));
+                }
+            }
+        }
+        named
+    }
+
     fn snapshot(&self) -> Arc<Generation> {
         self.current
             .read()
@@ -246,11 +269,33 @@ struct FileStat {
     size: u64,
 }
 
+/// The largest layer file read, in bytes. Layers are a few kilobytes of JSON; the cap keeps
+/// a stray large file from being read whole on every rescan.
+pub const MAX_LAYER_BYTES: u64 = 4 << 20;
+
 fn stat_of(path: &Path) -> Result<(i128, u64), TreeError> {
     let meta = std::fs::metadata(path).map_err(|source| TreeError::Io {
         path: path.to_owned(),
         source,
     })?;
+    stamp_of(path, &meta)
+}
+
+/// The change stamp (modification time, size) of a layer, which must be a regular file
+/// within [`MAX_LAYER_BYTES`].
+fn stamp_of(path: &Path, meta: &std::fs::Metadata) -> Result<(i128, u64), TreeError> {
+    if !meta.is_file() {
+        return Err(TreeError::NotAFile {
+            path: path.to_owned(),
+        });
+    }
+    if meta.len() > MAX_LAYER_BYTES {
+        return Err(TreeError::TooLarge {
+            path: path.to_owned(),
+            size: meta.len(),
+            limit: MAX_LAYER_BYTES,
+        });
+    }
     let mtime = meta.modified().map_err(|source| TreeError::Io {
         path: path.to_owned(),
         source,
@@ -309,6 +354,30 @@ fn walk(root: &Path, dir: &Path, rel: &str, out: &mut Vec<FileStat>) -> Result<(
     Ok(())
 }
 
+/// Reads a layer file and its stamp as of the read. It is opened without blocking, so an
+/// entry swapped for a FIFO after the walk cannot stall the scan (and with it every later
+/// reload and the server's shutdown); the opened file is checked again, and never more than
+/// the cap is read.
+fn read_layer(path: &Path) -> Result<(Vec<u8>, (i128, u64)), TreeError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |source| TreeError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io)?;
+    let stamp = stamp_of(path, &file.metadata().map_err(io)?)?;
+    let mut data = Vec::with_capacity(stamp.1 as usize);
+    file.take(MAX_LAYER_BYTES + 1)
+        .read_to_end(&mut data)
+        .map_err(io)?;
+    Ok((data, stamp))
+}
+
 /// [`scan`] on a stack deep enough for layers nested as deep as Go allows: a layer that
 /// fails to parse, or a generation that is discarded, is dropped there too.
 fn scan_deep(root: &Path, previous: Option<&str>) -> Result<Option<Generation>, TreeError> {
@@ -333,11 +402,8 @@ fn scan(root: &Path, previous: Option<&str>) -> Result<Option<Generation>, TreeE
         let mut depth = 0;
         let mut changed = false;
         for f in &files {
-            let data = std::fs::read(&f.path).map_err(|source| TreeError::Io {
-                path: f.path.clone(),
-                source,
-            })?;
-            if stat_of(&f.path)? != (f.mtime_ns, f.size) || data.len() as u64 != f.size {
+            let (data, stamp) = read_layer(&f.path)?;
+            if stamp != (f.mtime_ns, f.size) || data.len() as u64 != f.size {
                 changed = true;
                 break;
             }
@@ -403,6 +469,59 @@ mod tests {
         let path = root.join(rel);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, text).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_in_the_tree_fails_the_scan_at_once_and_the_last_good_tree_stays() {
+        // Reading a FIFO blocked the rescan forever: every later reload and the shutdown
+        // waited for it.
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        write(root, "defaults.json", r#"{"interval":"10s"}"#);
+        let tree = ConfigTree::load(root).unwrap();
+        let status = std::process::Command::new("mkfifo")
+            .arg(root.join("x.json"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let (done, finished) = std::sync::mpsc::channel();
+        let root_owned = root.to_owned();
+        std::thread::spawn(move || {
+            let _ = done.send(ConfigTree::load(&root_owned).map(|_| ()));
+        });
+        let err = finished
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the scan of a tree holding a FIFO never ended")
+            .unwrap_err();
+        assert!(matches!(err, TreeError::NotAFile { .. }), "{err}");
+        assert!(err.to_string().contains("x.json"), "{err}");
+        assert!(tree.reload().is_err());
+        let r = tree
+            .resolve(Scope::Cluster, "c", ServiceType::MetricCollector, "h")
+            .unwrap();
+        assert!(String::from_utf8_lossy(&r.blob).contains("10s"));
+        // A FIFO swapped in after the walk is opened without blocking and refused too.
+        let fifo = root.join("x.json");
+        let err = read_layer(&fifo).unwrap_err();
+        assert!(matches!(err, TreeError::NotAFile { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_layer_over_the_size_cap_is_refused_without_being_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let file = std::fs::File::create(root.join("big.json")).unwrap();
+        // Sparse: the size is what counts, and nothing of it is read.
+        file.set_len(MAX_LAYER_BYTES + 1).unwrap();
+        let err = ConfigTree::load(root).err().expect("the load fails");
+        assert!(matches!(err, TreeError::TooLarge { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("big.json") && text.contains(&MAX_LAYER_BYTES.to_string()),
+            "{text}"
+        );
+        std::fs::write(root.join("big.json"), r#"{"a":1}"#).unwrap();
+        assert!(ConfigTree::load(root).is_ok());
     }
 
     #[test]

@@ -7,12 +7,17 @@ use std::path::PathBuf;
 /// Errors of starting, reconfiguring and stopping the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    /// The configuration file is not valid JSON or has unknown or mistyped keys.
+    /// The configuration file is not valid JSON or has unknown or mistyped keys; the error
+    /// names the key and the form it takes.
     #[error("server config: {0}")]
-    ConfigSyntax(#[source] serde_json::Error),
+    ConfigSyntax(#[source] crate::json_config::KeyError),
     /// The configuration is well-formed but not usable.
     #[error("server config: {0}")]
     InvalidConfig(&'static str),
+    /// A value is well-formed JSON of the right type but not usable (a duration that does
+    /// not parse, an `addr` without a port); the message names the key and the value.
+    #[error("server config: {0}")]
+    InvalidValue(String),
     /// An `api-allowed-ips` entry with a `/` that is not a CIDR range.
     #[error("server config: api-allowed-ips entry {0:?} is not a valid CIDR range")]
     InvalidAllowlist(String),
@@ -131,6 +136,23 @@ pub enum TreeError {
         #[source]
         source: serde_json::Error,
     },
+    /// A `.json` entry of the tree is not a regular file (a FIFO, a device, a socket), which
+    /// could block or never end a read.
+    #[error("fleet: config tree entry {path} is not a regular file")]
+    NotAFile {
+        /// The path of the entry.
+        path: PathBuf,
+    },
+    /// A layer is larger than [`MAX_LAYER_BYTES`](super::configtree::MAX_LAYER_BYTES).
+    #[error("fleet: config tree layer {path} has {size} bytes, more than the limit of {limit}")]
+    TooLarge {
+        /// The path of the layer.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// Files kept changing while the tree was scanned.
     #[error("fleet: config tree kept changing while it was scanned")]
     Unstable,
@@ -153,6 +175,12 @@ pub enum RegistryErrorKind {
     Corrupt,
     /// The store task was cancelled or panicked.
     Interrupted,
+    /// The request names an instance this server does not know, and it could not establish
+    /// that its index holds every change of a store shared with other servers (the bucket
+    /// did not answer, or its changes did not arrive in time): the instance may have been
+    /// registered through another server a moment ago. Retrying later may succeed; the
+    /// instance must not be answered as unknown.
+    Behind,
 }
 
 /// An error of the registry or its store: a [kind](RegistryError::kind) to match on, a
@@ -194,6 +222,16 @@ impl RegistryError {
         RegistryError::new(
             RegistryErrorKind::Interrupted,
             "database task did not finish",
+        )
+    }
+
+    /// This server cannot tell whether an instance it does not know exists in the shared
+    /// store ([`RegistryErrorKind::Behind`]).
+    pub(crate) fn behind() -> RegistryError {
+        RegistryError::new(
+            RegistryErrorKind::Behind,
+            "cannot tell whether the instance exists: this server has not caught up with the \
+             shared registry (retry later)",
         )
     }
 

@@ -9,11 +9,23 @@
 //! {"status":"ok","down":[],"checks":{"database":"ok","nats":"ok"}}
 //! {"status":"unavailable","down":["nats"],"checks":{"database":"ok","nats":"disconnected"}}
 //! ```
+//!
+//! A server that works but loses heartbeats answers `200` with status `degraded`, the
+//! affected part in `degraded` and the reason in `checks` (both only present then): NATS
+//! dropping heartbeat messages at the subscription (a slow-consumer episode, see
+//! [`SlowConsumer`](super::heartbeats::SlowConsumer)) is not a reason to take the server out
+//! of a load balancer, but is one to raise a setting or add servers:
+//!
+//! ```text
+//! {"status":"degraded","down":[],"degraded":["heartbeats"],"checks":{"database":"ok","nats":"ok","heartbeats":"dropping: ..."}}
+//! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
+use super::metrics::Metrics;
 use super::registry::Registry;
 
 /// How long the database probe may wait for the registry (busy with a large batch, or
@@ -25,6 +37,7 @@ const DATABASE_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) struct Health {
     registry: Registry,
     nats: Option<async_nats::Client>,
+    metrics: Arc<Metrics>,
 }
 
 /// The outcome of one check: `ok`, or what is wrong.
@@ -47,6 +60,8 @@ impl Check {
 pub(crate) struct Report {
     status: &'static str,
     down: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    degraded: Vec<&'static str>,
     checks: Checks,
 }
 
@@ -55,10 +70,13 @@ struct Checks {
     database: Check,
     /// `not configured` when the server runs without NATS (REST only), which is not down.
     nats: Check,
+    /// Only while NATS drops heartbeat messages at the subscription.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    heartbeats: Option<Check>,
 }
 
 impl Report {
-    fn new(database: Check, nats: Option<Check>) -> Report {
+    fn new(database: Check, nats: Option<Check>, dropping: Option<String>) -> Report {
         let mut down = Vec::new();
         if !database.is_ok() {
             down.push("database");
@@ -72,22 +90,44 @@ impl Report {
             }
             None => Check("not configured".into()),
         };
+        let degraded = if dropping.is_some() {
+            vec!["heartbeats"]
+        } else {
+            Vec::new()
+        };
         Report {
-            status: if down.is_empty() { "ok" } else { "unavailable" },
+            status: match (down.is_empty(), degraded.is_empty()) {
+                (false, _) => "unavailable",
+                (true, false) => "degraded",
+                (true, true) => "ok",
+            },
             down,
-            checks: Checks { database, nats },
+            degraded,
+            checks: Checks {
+                database,
+                nats,
+                heartbeats: dropping.map(Check),
+            },
         }
     }
 
-    /// Whether every dependency works.
+    /// Whether every dependency works (a degraded server is healthy).
     pub(crate) fn healthy(&self) -> bool {
         self.down.is_empty()
     }
 }
 
 impl Health {
-    pub(crate) fn new(registry: Registry, nats: Option<async_nats::Client>) -> Health {
-        Health { registry, nats }
+    pub(crate) fn new(
+        registry: Registry,
+        nats: Option<async_nats::Client>,
+        metrics: Arc<Metrics>,
+    ) -> Health {
+        Health {
+            registry,
+            nats,
+            metrics,
+        }
     }
 
     /// Checks every dependency.
@@ -109,7 +149,7 @@ impl Health {
                 State::Disconnected => Check("disconnected".into()),
             }
         });
-        Report::new(database, nats)
+        Report::new(database, nats, self.metrics.slow_consumer.status())
     }
 }
 
@@ -120,23 +160,50 @@ mod tests {
     #[test]
     fn a_report_names_each_dependency_that_is_down() {
         let json = |r: &Report| serde_json::to_string(r).unwrap();
-        let fine = Report::new(Check::ok(), Some(Check::ok()));
+        let fine = Report::new(Check::ok(), Some(Check::ok()), None);
         assert!(fine.healthy());
         assert_eq!(
             json(&fine),
             r#"{"status":"ok","down":[],"checks":{"database":"ok","nats":"ok"}}"#
         );
-        let rest_only = Report::new(Check::ok(), None);
+        let rest_only = Report::new(Check::ok(), None, None);
         assert!(rest_only.healthy());
         assert!(json(&rest_only).contains(r#""nats":"not configured""#));
         let both = Report::new(
             Check("writes fail: disk full".into()),
             Some(Check("disconnected".into())),
+            None,
         );
         assert!(!both.healthy());
         assert_eq!(
             json(&both),
             r#"{"status":"unavailable","down":["database","nats"],"checks":{"database":"writes fail: disk full","nats":"disconnected"}}"#
+        );
+    }
+
+    #[test]
+    fn dropped_heartbeats_degrade_a_working_server_without_taking_it_down() {
+        let json = |r: &Report| serde_json::to_string(r).unwrap();
+        let dropping = Report::new(
+            Check::ok(),
+            Some(Check::ok()),
+            Some("dropping: at least 3".into()),
+        );
+        assert!(dropping.healthy());
+        assert_eq!(
+            json(&dropping),
+            r#"{"status":"degraded","down":[],"degraded":["heartbeats"],"checks":{"database":"ok","nats":"ok","heartbeats":"dropping: at least 3"}}"#
+        );
+        let and_down = Report::new(
+            Check::ok(),
+            Some(Check("disconnected".into())),
+            Some("dropping: at least 3".into()),
+        );
+        assert!(!and_down.healthy());
+        assert!(
+            json(&and_down).starts_with(
+                r#"{"status":"unavailable","down":["nats"],"degraded":["heartbeats"]"#
+            )
         );
     }
 }

@@ -39,6 +39,7 @@ use super::heartbeats::{
     Beats, ConsumerContext, FLUSH_INTERVAL, MAX_BATCH, PanicLog, decode_message, flush, merge,
 };
 use super::metrics::Metrics;
+use super::registry::jetstream::OPEN_WAIT;
 use super::registry::unix_seconds;
 use super::stopped;
 use crate::untrusted::Untrusted;
@@ -68,7 +69,7 @@ pub(crate) async fn spawn(
 ) -> Result<JoinHandle<()>, ServerError> {
     let mut js = jetstream::new(client.clone());
     js.set_timeout(REQUEST_TIMEOUT);
-    let consumer = ensure(&js, subject, settings).await?;
+    let consumer = ensure_when_available(&js, subject, settings).await?;
     tracing::info!(
         "NATS fleet: heartbeats from subject {subject:?} through JetStream stream {:?}, durable consumer {:?} \
          (ack-wait {}, max-age {}, max-bytes {})",
@@ -90,12 +91,63 @@ pub(crate) async fn spawn(
     )))
 }
 
+/// [`ensure`], retried while JetStream is briefly unavailable (it answers 503 or times out
+/// while a cluster elects leaders, as when a node restarts alongside this server): with a
+/// growing pause for up to [`OPEN_WAIT`], logged when the waiting starts and when it ends.
+/// A refusal (a stream that does not capture the subject, a bad name) ends start-up at once.
+async fn ensure_when_available(
+    js: &jetstream::Context,
+    subject: &str,
+    settings: &HeartbeatStreamConfig,
+) -> Result<consumer::PullConsumer, ServerError> {
+    let deadline = tokio::time::Instant::now() + OPEN_WAIT;
+    let mut pause = Duration::from_millis(250);
+    let mut failed = 0u32;
+    loop {
+        match ensure(js, subject, settings).await {
+            Ok(consumer) => {
+                if failed > 0 {
+                    tracing::info!(
+                        "fleet.heartbeat-stream: JetStream answered after {failed} failed attempt(s)"
+                    );
+                }
+                return Ok(consumer);
+            }
+            Err(Ensure::Transient(e)) if tokio::time::Instant::now() + pause < deadline => {
+                failed += 1;
+                if failed == 1 {
+                    tracing::warn!(
+                        "{e}; retrying for up to {}",
+                        crate::duration::format(OPEN_WAIT)
+                    );
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(4));
+            }
+            Err(Ensure::Transient(e) | Ensure::Refused(e)) => return Err(e),
+        }
+    }
+}
+
+/// Why [`ensure`] failed.
+enum Ensure {
+    /// JetStream did not answer, or answered that it is unavailable for now.
+    Transient(ServerError),
+    /// JetStream refused, or the stream found cannot be used.
+    Refused(ServerError),
+}
+
+/// Whether a JetStream API error means "not now" rather than "no".
+fn transient_api_error(e: &jetstream::Error) -> bool {
+    e.code() == 503
+}
+
 /// The stream capturing `subject` (created if missing) and the shared durable consumer.
 async fn ensure(
     js: &jetstream::Context,
     subject: &str,
     settings: &HeartbeatStreamConfig,
-) -> Result<consumer::PullConsumer, ServerError> {
+) -> Result<consumer::PullConsumer, Ensure> {
     let failed = |what: String, e: &dyn std::fmt::Display| {
         ServerError::Nats(format!(
             "fleet.heartbeat-stream: {what}: {}",
@@ -118,19 +170,28 @@ async fn ensure(
             ..Default::default()
         })
         .await
-        .map_err(|e| failed(format!("creating stream {:?}", settings.name), &e))?;
-    let info = stream
-        .info()
-        .await
-        .map_err(|e| failed(format!("reading stream {:?}", settings.name), &e))?;
+        .map_err(|e| {
+            use jetstream::context::CreateStreamErrorKind as Kind;
+            let error = failed(format!("creating stream {:?}", settings.name), &e);
+            match e.kind() {
+                // No responders (`JetStreamUnavailable`) means JetStream is not enabled on
+                // the server: no reason to wait. A cluster electing its leaders answers 503.
+                Kind::TimedOut | Kind::Response => Ensure::Transient(error),
+                Kind::JetStream(api) if transient_api_error(&api) => Ensure::Transient(error),
+                _ => Ensure::Refused(error),
+            }
+        })?;
+    let info = stream.info().await.map_err(|e| {
+        Ensure::Transient(failed(format!("reading stream {:?}", settings.name), &e))
+    })?;
     // An existing stream is used as it is; one that does not capture the subject would
     // leave the consumer waiting forever while heartbeats pass by.
     if !info.config.subjects.iter().any(|s| s == subject) {
-        return Err(ServerError::Nats(format!(
+        return Err(Ensure::Refused(ServerError::Nats(format!(
             "fleet.heartbeat-stream: stream {:?} exists but does not capture the heartbeat subject {:?} \
              (it captures {:?}); choose another name or add the subject to the stream",
             settings.name, subject, info.config.subjects
-        )));
+        ))));
     }
     // The consumer is ccfleet's own: a changed `ack-wait` is applied to it (create-or-update),
     // where an existing stream, which operators may manage themselves, is left as it is.
@@ -163,10 +224,16 @@ async fn ensure(
         })
         .await
         .map_err(|e| {
-            failed(
+            use jetstream::stream::ConsumerErrorKind as Kind;
+            let error = failed(
                 format!("creating or updating consumer {:?}", settings.consumer),
                 &e,
-            )
+            );
+            match e.kind() {
+                Kind::TimedOut | Kind::Request => Ensure::Transient(error),
+                Kind::JetStream(api) if transient_api_error(&api) => Ensure::Transient(error),
+                _ => Ensure::Refused(error),
+            }
         })
 }
 
@@ -308,7 +375,7 @@ async fn run(
             // JetStream: set them up again.
             None => match ensure(&js, &subject, &settings).await {
                 Ok(c) => c,
-                Err(e) => {
+                Err(Ensure::Transient(e) | Ensure::Refused(e)) => {
                     tracing::warn!("NATS fleet: heartbeat stream unavailable: {e}");
                     if pause(&mut shutdown).await {
                         return;

@@ -22,6 +22,8 @@ pub struct Metrics {
     pub heartbeats_unknown: AtomicU64,
     /// Heartbeat messages dropped because the consumer was overloaded.
     pub heartbeats_dropped: AtomicU64,
+    /// The episodes of those drops, for the log and `/healthz`.
+    pub(crate) slow_consumer: super::heartbeats::SlowConsumer,
     /// Lines skipped as not meant for the fleet (other measurements, non-events).
     pub heartbeats_ignored: AtomicU64,
     /// Nanoseconds spent decoding heartbeat messages.
@@ -68,6 +70,11 @@ pub struct Metrics {
     /// Messages waiting in the heartbeat stream for the shared consumer, as of the latest
     /// delivery (a gauge).
     pub stream_pending: AtomicU64,
+    /// Duplicate episodes begun: members registered in turn from different peers (see
+    /// [`super::duplicates`]).
+    pub duplicate_episodes: AtomicU64,
+    /// Members in a duplicate episode now (a gauge, set before each rendering).
+    pub duplicate_members: AtomicU64,
 }
 
 /// A consistent-enough copy of the heartbeat counters.
@@ -132,6 +139,10 @@ impl Metrics {
             .get(subject)
             .copied()
             .unwrap_or(0)
+    }
+
+    pub(crate) fn set_duplicate_members(&self, n: u64) {
+        self.duplicate_members.store(n, Ordering::Relaxed);
     }
 
     pub(crate) fn set_roster_skipped(&self, n: u64) {
@@ -205,6 +216,9 @@ impl Metrics {
              # HELP ccfleet_heartbeat_messages_dropped_total NATS heartbeat messages dropped under overload (a lower bound: the NATS client sheds drop reports in large bursts).\n\
              # TYPE ccfleet_heartbeat_messages_dropped_total counter\n\
              ccfleet_heartbeat_messages_dropped_total {}\n\
+             # HELP ccfleet_heartbeat_drop_episodes_total Episodes of NATS heartbeat messages dropped at the subscription (slow consumer); /healthz reports one while it lasts.\n\
+             # TYPE ccfleet_heartbeat_drop_episodes_total counter\n\
+             ccfleet_heartbeat_drop_episodes_total {}\n\
              # HELP ccfleet_heartbeat_decode_seconds_total Time spent decoding heartbeat messages.\n\
              # TYPE ccfleet_heartbeat_decode_seconds_total counter\n\
              ccfleet_heartbeat_decode_seconds_total {decode_seconds}\n\
@@ -222,6 +236,7 @@ impl Metrics {
              ccfleet_config_reload_errors_total {}\n",
             get(&self.heartbeat_messages),
             get(&self.heartbeats_dropped),
+            self.slow_consumer.episodes(),
             get(&self.roster_publishes),
             get(&self.roster_errors),
             get(&self.config_reloads),
@@ -296,6 +311,17 @@ impl Metrics {
             get(&self.stream_terminated),
             get(&self.stream_pending),
         );
+        let _ = write!(
+            out,
+            "# HELP ccfleet_duplicate_episodes_total Duplicate identities found: a member registered in turn from different peers, two services sharing its cluster, host name and type.\n\
+             # TYPE ccfleet_duplicate_episodes_total counter\n\
+             ccfleet_duplicate_episodes_total {}\n\
+             # HELP ccfleet_duplicate_members Members whose registrations alternate between peers now.\n\
+             # TYPE ccfleet_duplicate_members gauge\n\
+             ccfleet_duplicate_members {}\n",
+            get(&self.duplicate_episodes),
+            get(&self.duplicate_members),
+        );
         out
     }
 }
@@ -338,6 +364,8 @@ mod tests {
         assert!(text.contains("ccfleet_message_panics_total{source=\"nats\"} 0\n"));
         assert!(text.contains("ccfleet_heartbeat_stream_failed_batches_total 0\n"));
         assert!(text.contains("ccfleet_heartbeat_stream_pending 0\n"));
+        assert!(text.contains("ccfleet_duplicate_episodes_total 0\n"));
+        assert!(text.contains("ccfleet_duplicate_members 0\n"));
         assert!(text.starts_with(&format!(
             "# HELP ccfleet_build_info The running ccfleet build (always 1).\n\
              # TYPE ccfleet_build_info gauge\n\

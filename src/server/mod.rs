@@ -23,6 +23,7 @@ mod api;
 pub mod auth;
 pub mod config;
 pub mod configtree;
+pub mod duplicates;
 mod error;
 mod health;
 mod heartbeat_stream;
@@ -35,6 +36,7 @@ pub mod names;
 pub mod plugins;
 pub mod registry;
 pub mod roster;
+pub mod status;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -73,7 +75,10 @@ pub struct RunningServer {
     tree: Option<Arc<ConfigTree>>,
     registry: Registry,
     metrics: Arc<Metrics>,
+    duplicates: Arc<duplicates::Duplicates>,
     gate: leader::Gate,
+    /// Held while the server runs on a SQLite file: one server per file.
+    db_lock: Option<registry::DatabaseLock>,
 }
 
 impl std::fmt::Debug for RunningServer {
@@ -130,6 +135,7 @@ async fn connect_nats(
         move |event| match event {
             async_nats::Event::SlowConsumer(_) => {
                 Metrics::add(&metrics.heartbeats_dropped, 1);
+                metrics.slow_consumer.dropped();
             }
             // Core NATS kept nothing for consumers while we were away: send current
             // rosters now instead of at the next interval.
@@ -337,6 +343,9 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         None => None,
     };
     let metrics = Arc::new(Metrics::default());
+    metrics
+        .slow_consumer
+        .set_pending_messages(fleet.heartbeat_pending_messages);
     let roster_notify = RosterNotify::default();
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -353,6 +362,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         ),
         None => None,
     };
+    let mut db_lock = None;
     let (registry, gate, last_seen_interval) = match (&config.registry, &nats) {
         (RegistryConfig::JetStreamKv(settings), Some(_)) => {
             let nats_config = config.nats.as_ref().expect("a nats section with a client");
@@ -396,10 +406,15 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         }
         (RegistryConfig::Sqlite, _) => {
             let db = config.db.clone();
-            if db.is_none() {
-                tracing::warn!(
+            match db.clone() {
+                // Before the file is opened: a second server must not even create tables.
+                Some(path) => {
+                    db_lock =
+                        Some(blocking(move || registry::DatabaseLock::acquire(&path)).await??);
+                }
+                None => tracing::warn!(
                     "fleet: no db configured; the registry lives in memory and is lost on restart"
-                );
+                ),
             }
             let registry = blocking(move || Registry::open(db.as_deref())).await??;
             (
@@ -514,6 +529,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         ));
     }
 
+    let duplicates = Arc::new(duplicates::Duplicates::new(metrics.clone()));
     let app = api::router(api::AppState {
         registry: registry.clone(),
         tree: tree.clone(),
@@ -521,8 +537,14 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         allowlist,
         metrics: metrics.clone(),
         roster: roster_notify,
-        health: health::Health::new(registry.clone(), nats.clone()),
+        health: health::Health::new(registry.clone(), nats.clone(), metrics.clone()),
         plugins,
+        duplicates: duplicates.clone(),
+        status: Arc::new(status::Status::new(
+            &fleet.discovery_subject_prefix,
+            fleet.stale_after,
+            TrustedProxies::new(&config.trusted_proxies)?,
+        )),
     });
     let app = http::harden(app, &config.http, metrics.clone());
     let http = tokio::spawn(http::serve(
@@ -555,7 +577,9 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         tree,
         registry,
         metrics,
+        duplicates,
         gate,
+        db_lock,
     })
 }
 
@@ -573,6 +597,11 @@ impl RunningServer {
     /// The registry (read access for tools, tests and benchmarks).
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// Members registered in turn from different peers: services sharing an identity.
+    pub fn duplicates(&self) -> &duplicates::Duplicates {
+        &self.duplicates
     }
 
     /// Whether this server publishes rosters and sweeps stale services now: always with a
@@ -639,6 +668,8 @@ impl RunningServer {
         if let Some(nats) = self.nats.take() {
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, nats.flush()).await;
         }
+        // Every write is done: another server may take the file now.
+        drop(self.db_lock.take());
         tracing::info!("fleet: server stopped");
         result
     }

@@ -116,9 +116,63 @@ pub fn unknown_service_type(raw: &str) -> String {
     }
 }
 
+/// The most `metaData` entries one registration may carry.
+pub const MAX_META_ENTRIES: usize = 32;
+/// The most bytes of `metaData` (keys and values together) one registration may carry.
+///
+/// A member's metadata is repeated in every roster of its cluster, and agents refuse a
+/// roster over their `roster-max-bytes` (1 MiB by default): without a cap, one member could
+/// make its whole cluster's rosters unusable for as long as it stays registered. 4 KiB is
+/// far more than the ports, versions and URLs services announce.
+pub const MAX_META_BYTES: usize = 4096;
+
+/// Checks a registration's `metaData` against [`MAX_META_ENTRIES`] and [`MAX_META_BYTES`].
+/// The error is the complete message for the 400 answer and quotes none of the data.
+pub fn check_meta<'a>(
+    meta: impl ExactSizeIterator<Item = (&'a String, &'a String)>,
+) -> Result<(), String> {
+    let entries = meta.len();
+    if entries > MAX_META_ENTRIES {
+        return Err(format!(
+            "metaData has {entries} entries, more than the limit of {MAX_META_ENTRIES}"
+        ));
+    }
+    let bytes: usize = meta.map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_META_BYTES {
+        return Err(format!(
+            "metaData holds {bytes} bytes of keys and values, more than the limit of {MAX_META_BYTES}"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metadata_is_capped_in_entries_and_bytes() {
+        use std::collections::BTreeMap;
+        let meta = |n: usize, len: usize| -> BTreeMap<String, String> {
+            (0..n)
+                .map(|i| (format!("k{i:02}"), "v".repeat(len)))
+                .collect()
+        };
+        assert!(check_meta(meta(MAX_META_ENTRIES, 10).iter()).is_ok());
+        let err = check_meta(meta(MAX_META_ENTRIES + 1, 1).iter()).unwrap_err();
+        assert!(
+            err.contains("33 entries") && err.contains("limit of 32"),
+            "{err}"
+        );
+        // 3 bytes of key each: exactly at the limit, then one byte over.
+        assert!(check_meta(meta(1, MAX_META_BYTES - 3).iter()).is_ok());
+        let err = check_meta(meta(1, MAX_META_BYTES - 2).iter()).unwrap_err();
+        assert!(
+            err.contains("4097 bytes") && err.contains("limit of 4096"),
+            "{err}"
+        );
+        assert!(!err.contains("vvv"), "{err}");
+    }
 
     #[test]
     fn ordinary_names_pass() {

@@ -41,8 +41,9 @@ pub enum WireError {
     /// The roster payload is not a JSON array of providers.
     #[error("fleet: decoding roster payload: {0}")]
     RosterPayload(String),
-    /// A service type code that is not one of ccms, ccmc, ccb, cces, ccsa, ccnc, ccem.
-    #[error("unknown serviceType {0:?}")]
+    /// A service type code that is not one of ccms, ccmc, ccb, cces, ccsa, ccnc, ccem; the
+    /// message lists them.
+    #[error("unknown serviceType {0:?} (valid: ccms, ccmc, ccb, cces, ccsa, ccnc, ccem)")]
     UnknownServiceType(String),
     /// A message larger than [`MAX_MESSAGE_SIZE`](super::MAX_MESSAGE_SIZE).
     #[error("fleet: message of {size} bytes exceeds the limit of {limit} bytes")]

@@ -271,10 +271,15 @@ mod tests {
         for t in ServiceType::ALL {
             assert_eq!(t.code().parse::<ServiceType>(), Ok(t));
         }
-        assert_eq!(
-            "zzz".parse::<ServiceType>().unwrap_err().to_string(),
-            "unknown serviceType \"zzz\""
+        // The message lists every valid code, so a typo shows its fix.
+        let message = "zzz".parse::<ServiceType>().unwrap_err().to_string();
+        assert!(
+            message.starts_with("unknown serviceType \"zzz\" (valid: "),
+            "{message}"
         );
+        for t in ServiceType::ALL {
+            assert!(message.contains(t.code()), "{message}");
+        }
         assert!("CCMS".parse::<ServiceType>().is_err());
         assert_eq!(
             serde_json::to_string(&ServiceType::Backend).unwrap(),

@@ -17,7 +17,8 @@ use alloc::vec::Vec;
 
 use ccfleet_collectors::config::{FromOptions, Options, common, extra_tags};
 use ccfleet_collectors::{Collector, Files, FsStats, Runner, Sample, Value};
-use ccfleet_guest::{ConfigUpdate, FieldValue, Level, Point, emit, log};
+use ccfleet_guest::lineproto::FieldRef;
+use ccfleet_guest::{ConfigUpdate, Level, Lines, log};
 
 pub use ccfleet_guest;
 
@@ -47,59 +48,37 @@ impl Files for HostFiles {
 /// A collector as a plugin.
 pub struct CollectorPlugin<C> {
     runner: Runner<C>,
-    /// The points of a round, kept (empty) for the next one.
-    points: Vec<Point>,
-    /// Field lists of the last round's points (each holding its `value` name), reused by
-    /// the next round's points rather than allocated again for every point.
-    spare_fields: Vec<Vec<(String, FieldValue)>>,
+    /// The round's points as line protocol, kept (empty) for the next round.
+    lines: Lines,
 }
 
-/// The field list of a point whose only field is `value`, reusing `spare`'s allocations.
-fn value_field(
-    spare: Option<Vec<(String, FieldValue)>>,
-    value: FieldValue,
-) -> Vec<(String, FieldValue)> {
-    match spare {
-        Some(mut fields) if fields.len() == 1 && fields[0].0 == "value" => {
-            fields[0].1 = value;
-            fields
-        }
-        _ => alloc::vec![(String::from("value"), value)],
-    }
-}
-
-/// The point of a sample at `now_ns`.
-pub fn point(sample: Sample, now_ns: i64) -> Point {
-    point_with(sample, now_ns, None)
-}
-
-/// [`point`], its field list made from `spare` when given.
-fn point_with(sample: Sample, now_ns: i64, spare: Option<Vec<(String, FieldValue)>>) -> Point {
+/// Encodes a sample at `now_ns` into `lines`.
+pub fn encode(lines: &mut Lines, sample: &Sample, now_ns: i64) -> Result<(), String> {
     let value = match sample.value {
-        Value::Float(v) => FieldValue::Float(v),
-        Value::Int(v) => FieldValue::Int(v),
+        Value::Float(v) => FieldRef::Float(v),
+        Value::Int(v) => FieldRef::Int(v),
+        Value::Uint(v) => FieldRef::Uint(v),
     };
-    Point {
-        measurement: sample.name,
-        tags: sample.tags,
-        fields: value_field(spare, value),
-        time_ns: Some(now_ns),
-    }
+    lines.point(
+        &sample.name,
+        &sample.tags,
+        &[("value", value)],
+        Some(now_ns),
+    )
 }
 
 impl<C: Collector + FromOptions> ccfleet_guest::Plugin for CollectorPlugin<C> {
     fn init(config: &str) -> Result<Self, String> {
         let mut options = Options::parse(C::NAME, config)?;
         let shared = common(&mut options)?;
-        let collector = C::from_options(&mut options)?;
+        let collector = C::from_options(&mut options)?.with_common(&shared);
         options.finish()?;
         let mut runner = Runner::new(shared, collector);
         let hostname = runner.hostname(&mut HostFiles)?;
         log!(Level::Info, "{} ready as host {hostname}", C::NAME);
         Ok(CollectorPlugin {
             runner,
-            points: Vec::new(),
-            spare_fields: Vec::new(),
+            lines: Lines::new(),
         })
     }
 
@@ -126,21 +105,13 @@ impl<C: Collector + FromOptions> ccfleet_guest::Plugin for CollectorPlugin<C> {
 
     fn collect(&mut self, now_ns: i64) -> Result<(), String> {
         let samples = self.runner.collect(&mut HostFiles, now_ns)?;
-        if samples.is_empty() {
-            return Ok(());
+        for sample in &samples {
+            if let Err(reason) = encode(&mut self.lines, sample, now_ns) {
+                self.lines.clear();
+                return Err(reason);
+            }
         }
-        let mut points = core::mem::take(&mut self.points);
-        points.extend(
-            samples
-                .into_iter()
-                .map(|s| point_with(s, now_ns, self.spare_fields.pop())),
-        );
-        let result = emit(&points);
-        // The names and tags go; the field lists (one `value` each) serve the next round.
-        self.spare_fields.clear();
-        self.spare_fields.extend(points.drain(..).map(|p| p.fields));
-        self.points = points;
-        result
+        self.lines.emit()
     }
 }
 

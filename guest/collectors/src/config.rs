@@ -11,7 +11,8 @@ use alloc::vec::Vec;
 use serde_json::{Map, Value};
 
 use crate::{
-    Common, cpufreq, cpustat, diskstat, iostat, loadavg, memstat, netstat, numastats, tempstat,
+    Common, cpufreq, cpustat, diskstat, ibstat, iostat, loadavg, memstat, netstat, nfsiostat,
+    nfsstat, numastats, rapl, schedstat, slurm_cgroup, tempstat,
 };
 
 /// A JSON object whose keys are taken one by one; [`Options::finish`] refuses the rest.
@@ -151,6 +152,13 @@ pub trait FromOptions: Sized {
 
     /// Takes the collector's keys from `options`.
     fn from_options(options: &mut Options) -> Result<Self, String>;
+
+    /// Adjusts the collector to the shared settings, for a collector that reads one of them
+    /// in its own way (as `nfsiostat` reads `exclude_metrics`).
+    fn with_common(self, common: &Common) -> Self {
+        let _ = common;
+        self
+    }
 }
 
 impl FromOptions for cpustat::Cpustat {
@@ -246,6 +254,110 @@ impl FromOptions for tempstat::Tempstat {
             tag_override: o.tables("tag_override")?,
             report_max_temperature: o.bool("report_max_temperature", false)?,
             report_critical_temperature: o.bool("report_critical_temperature", false)?,
+        }))
+    }
+}
+
+impl FromOptions for nfsstat::Nfs3stat {
+    const NAME: &'static str = "nfs3stat";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        // cc-metric-collector's path of the `nfsstat` binary: taken so its configurations
+        // carry over, unused since the counters are read from their file.
+        o.string("nfsstat")?;
+        Ok(nfsstat::Nfs3stat::default())
+    }
+}
+
+impl FromOptions for nfsstat::Nfs4stat {
+    const NAME: &'static str = "nfs4stat";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        o.string("nfsstat")?;
+        Ok(nfsstat::Nfs4stat::default())
+    }
+}
+
+impl FromOptions for nfsiostat::Nfsiostat {
+    const NAME: &'static str = "nfsiostat";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        let d = nfsiostat::Config::default();
+        // Its `exclude_metrics` (the shared key) names counters without the `nfsio_`
+        // prefix, for both the value and the rate: see `with_common`.
+        Ok(nfsiostat::Nfsiostat::new(nfsiostat::Config {
+            exclude_metrics: Vec::new(),
+            exclude_filesystem: o.strings("exclude_filesystem")?.unwrap_or_default(),
+            use_server_as_stype: o.bool("use_server_as_stype", d.use_server_as_stype)?,
+            send_abs_values: o.bool("send_abs_values", d.send_abs_values)?,
+            send_derived_values: o.bool("send_derived_values", d.send_derived_values)?,
+        }))
+    }
+
+    fn with_common(self, common: &Common) -> Self {
+        self.exclude_metrics(common.exclude_metrics.clone())
+    }
+}
+
+impl FromOptions for schedstat::Schedstat {
+    const NAME: &'static str = "schedstat";
+
+    fn from_options(_: &mut Options) -> Result<Self, String> {
+        Ok(schedstat::Schedstat::new())
+    }
+}
+
+impl FromOptions for ibstat::Ibstat {
+    const NAME: &'static str = "ibstat";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        let d = ibstat::Config::default();
+        Ok(ibstat::Ibstat::new(ibstat::Config {
+            exclude_devices: o.strings("exclude_devices")?.unwrap_or_default(),
+            send_abs_values: o.bool("send_abs_values", d.send_abs_values)?,
+            send_derived_values: o.bool("send_derived_values", d.send_derived_values)?,
+            send_total_values: o.bool("send_total_values", d.send_total_values)?,
+        }))
+    }
+}
+
+impl FromOptions for rapl::Rapl {
+    const NAME: &'static str = "rapl";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        Ok(rapl::Rapl::new(rapl::Config {
+            exclude_device_by_id: o.strings("exclude_device_by_id")?.unwrap_or_default(),
+            exclude_device_by_name: o.strings("exclude_device_by_name")?.unwrap_or_default(),
+        }))
+    }
+}
+
+impl FromOptions for slurm_cgroup::SlurmCgroup {
+    const NAME: &'static str = "slurm_cgroup";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        let d = slurm_cgroup::Config::default();
+        if o.bool("use_sudo", false)? {
+            return Err(
+                "slurm_cgroup: `use_sudo` is not supported: the agent reads the cgroup files \
+                 the plugin is granted (capabilities.read-files)"
+                    .to_owned(),
+            );
+        }
+        let version = match o.string("cgroup_version")?.as_deref() {
+            None | Some("auto") => slurm_cgroup::CgroupVersion::Auto,
+            Some("v1") => slurm_cgroup::CgroupVersion::V1,
+            Some("v2") => slurm_cgroup::CgroupVersion::V2,
+            Some(other) => {
+                return Err(format!(
+                    "slurm_cgroup: `cgroup_version` must be \"auto\", \"v1\" or \"v2\", not {other:?}"
+                ));
+            }
+        };
+        Ok(slurm_cgroup::SlurmCgroup::new(slurm_cgroup::Config {
+            cgroup_base: o.string("cgroup_base")?.unwrap_or(d.cgroup_base),
+            cgroup_root: o.string("cgroup_v1_root")?.unwrap_or(d.cgroup_root),
+            version,
         }))
     }
 }

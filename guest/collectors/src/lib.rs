@@ -26,11 +26,20 @@ pub mod config;
 pub mod cpufreq;
 pub mod cpustat;
 pub mod diskstat;
+pub mod ibstat;
 pub mod iostat;
 pub mod loadavg;
 pub mod memstat;
+pub mod mounts;
 pub mod netstat;
+pub mod nfsiostat;
+pub mod nfsstat;
 pub mod numastats;
+pub mod rapl;
+#[cfg(test)]
+mod robustness;
+pub mod schedstat;
+pub mod slurm_cgroup;
 pub mod tempstat;
 
 /// What `statvfs(3)` says about a file system, as the host's `cc:fleet/files` returns it.
@@ -64,6 +73,9 @@ pub enum Value {
     Float(f64),
     /// An integer (line protocol `i`).
     Int(i64),
+    /// An unsigned integer (line protocol `u`), where cc-metric-collector sends Go's
+    /// `uint64`.
+    Uint(u64),
 }
 
 /// One metric sample: a cc-metric-collector message without its timestamp (the caller's

@@ -4,8 +4,14 @@
 //! creates it with [`Plugin::init`] and then hands it whole snapshots: the service
 //! configuration ([`Plugin::on_config`]), the roster of peers ([`Plugin::on_roster`]) and the
 //! discovered instances ([`Plugin::on_instances`]); collectors emit points from
-//! [`Plugin::collect`] with [`emit`], reading host files with [`read_file`] and
-//! [`list_dir`].
+//! [`Plugin::collect`] with [`emit`] (or build a batch in [`Lines`] without building
+//! [`Point`]s), reading host files with [`read_file`] and [`list_dir`] and running the
+//! commands the agent grants them with [`commands::run`].
+//!
+//! Points cross into the agent as one buffer of line protocol per batch, written by the
+//! host crate's own encoder ([`lineproto`], the same source files); the agent checks every
+//! line before anything is sent, and refuses the whole batch (with the line's number and
+//! the reason) if one is bad.
 //!
 //! The crate is `#![no_std]` (it needs `alloc`). A `no_std` plugin enables the `rt` feature,
 //! which supplies a global allocator and a panic handler; a plugin that links `std` enables
@@ -44,7 +50,12 @@ compile_error!(
 
 #[cfg(any(test, all(feature = "rt", target_arch = "wasm32")))]
 mod alloc_classes;
+pub mod commands;
+pub mod lineproto;
+mod lines;
 mod panic;
+
+pub use lines::Lines;
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -108,11 +119,21 @@ pub fn log(level: Level, message: &str) {
     bindings::cc::fleet::host::log(level, message);
 }
 
-/// Hands points to the agent's metric sink. The agent refuses (with `Err`) a batch larger
-/// than this plugin's limit or one holding a malformed point; nothing of a refused batch is
-/// sent.
+/// Hands points to the agent's metric sink, encoded as line protocol into a buffer kept
+/// from call to call. A point that cannot be encoded (no field, an empty name, a repeated
+/// tag key, a float that is not finite) fails the batch here, and the agent refuses (with
+/// `Err`) a batch over this plugin's limits; nothing of a refused batch is sent. Points
+/// without a time get the agent's time when it receives them.
 pub fn emit(points: &[Point]) -> Result<(), String> {
-    bindings::cc::fleet::host::emit(points)
+    lines::with_kept(|lines| {
+        for point in points {
+            if let Err(reason) = lines.push(point) {
+                lines.clear();
+                return Err(reason);
+            }
+        }
+        lines.emit()
+    })
 }
 
 /// Reads a whole host file that the plugin's configuration grants

@@ -78,10 +78,15 @@ pub struct AgentConfig {
     /// plugins do; what has not finished by then is abandoned.
     #[serde(default = "default_shutdown_timeout", with = "serde_go")]
     pub shutdown_timeout: Duration,
-    /// Where to serve `GET /metrics` (Prometheus text format) and `GET /healthz`, e.g.
-    /// `127.0.0.1:9102`; off when absent.
+    /// Where to serve `GET /metrics` (Prometheus text format), `GET /healthz` (alive) and
+    /// `GET /readyz` (ready), e.g. `127.0.0.1:9102`; off when absent.
     #[serde(default)]
     pub metrics_addr: Option<String>,
+    /// The `self` collector: the agent's own figures sent as metrics beside the plugins'
+    /// (cc-metric-collector's `self` keys, plus `interval` and `read_agent_stats`); off when
+    /// absent.
+    #[serde(default, rename = "self")]
+    pub self_metrics: Option<super::self_metrics::SelfConfig>,
 }
 
 fn default_service_type() -> ServiceType {
@@ -117,6 +122,7 @@ impl fmt::Debug for AgentConfig {
             .field("plugins", &self.plugins)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("metrics_addr", &self.metrics_addr)
+            .field("self_metrics", &self.self_metrics)
             .finish()
     }
 }
@@ -124,7 +130,8 @@ impl fmt::Debug for AgentConfig {
 impl AgentConfig {
     /// Parses a configuration; relative plugin paths are resolved against `base`.
     pub fn from_json(text: &str, base: &Path) -> Result<AgentConfig, AgentError> {
-        let mut config: AgentConfig = serde_json::from_str(text)
+        // A mistake names its key and the form the key takes (`ccfleet::json_config`).
+        let mut config: AgentConfig = ccfleet::json_config::from_str(text)
             .map_err(|e| AgentError::Config(format!("invalid agent configuration: {e}")))?;
         let mut names = std::collections::BTreeSet::new();
         for plugin in &mut config.plugins {

@@ -3,8 +3,10 @@
 //! plugins, whose metrics go to NATS (or stdout).
 
 pub mod config;
+mod health;
 mod observe;
 mod rollout;
+pub mod self_metrics;
 pub mod sinks;
 
 use std::net::SocketAddr;
@@ -206,13 +208,19 @@ impl Agent {
                 update
             }
             Err(error) if error.is_unreachable() => {
+                let server = client.current_server().to_owned();
+                let reason = error.to_string();
                 let fallback = error.into_fallback();
                 match fallback.source {
                     client::Source::Cache => tracing::warn!(
                         revision = %fallback.revision,
+                        %server,
+                        error = %reason,
                         "cc-backend is unreachable; running from the cached configuration and retrying"
                     ),
                     _ => tracing::warn!(
+                        %server,
+                        error = %reason,
                         "cc-backend is unreachable and nothing is cached; running from the local configuration and retrying"
                     ),
                 }
@@ -224,6 +232,7 @@ impl Agent {
         let feeds = Arc::new(FeedSenders::new());
         feeds.set_config(config_update(&initial));
         let mut forwarders = Vec::new();
+        let loops = Arc::new(health::Loops::default());
 
         let (config_state, config_seen) = watch::channel(ConfigState {
             revision: initial.revision.clone(),
@@ -231,7 +240,9 @@ impl Agent {
         });
         let mut configs = client.configs();
         let to_plugins = feeds.clone();
+        let alive = loops.track("configuration forwarder");
         forwarders.push(tokio::spawn(async move {
+            let _alive = alive;
             while let Some(update) = configs.recv().await {
                 tracing::info!(revision = %update.revision, "configuration changed");
                 to_plugins.set_config(config_update(&update));
@@ -312,6 +323,7 @@ impl Agent {
             nats.as_ref(),
             &cluster,
             config.sinks.is_empty(),
+            loops.track("metric output"),
         )?;
 
         let plugins: Vec<PluginHandle> = config
@@ -330,6 +342,7 @@ impl Agent {
                 .collect::<Vec<_>>(),
         ));
         let rollouts = Arc::new(rollout::RolloutCounts::default());
+        let assignments = Arc::new(health::Assignments::default());
         let rollout = match fleet_plugin_dir(&config) {
             Some(dir) => {
                 let token = client::Config::from_value(config.fleet.clone())?.resolve_token()?;
@@ -344,9 +357,15 @@ impl Agent {
                     local: plugins.iter().map(|p| p.name().to_owned()).collect(),
                     observed: observed_plugins.clone(),
                     counts: rollouts.clone(),
+                    assignments: assignments.clone(),
                     retry_interval: poll_interval,
                 }
-                .spawn(initial.config.clone(), client.configs(), stopped);
+                .spawn(
+                    initial.config.clone(),
+                    client.configs(),
+                    stopped,
+                    loops.track("fleet plugin rollout"),
+                );
                 Some((stop, task))
             }
             None => {
@@ -356,6 +375,22 @@ impl Agent {
                 None
             }
         };
+        if let Some(section) = &config.self_metrics {
+            let sources = self_metrics::Sources {
+                plugins: observed_plugins.clone(),
+                sinks: sink_info.clone(),
+                queue: sink_handle.clone(),
+            };
+            let cluster = (!cluster.is_empty()).then(|| cluster.clone());
+            // A forwarder: stopped before the metric flush, which waits for every sender.
+            forwarders.push(self_metrics::spawn(
+                section.clone(),
+                sources,
+                sink_handle.clone(),
+                client.hostname().to_owned(),
+                cluster,
+            ));
+        }
         drop(sink_handle);
 
         let observer = match listener {
@@ -370,15 +405,21 @@ impl Agent {
                     client: client.clone(),
                     nats: nats.clone(),
                     config: config_seen,
+                    loops: loops.clone(),
+                    assignments: rollout.is_some().then(|| assignments.clone()),
                 };
-                tracing::info!(%addr, "serving /metrics and /healthz");
+                tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
                 Some((addr, observe::serve(listener, Arc::new(observed))))
             }
             None => None,
         };
 
         let runner = client.clone();
-        let run = tokio::spawn(async move { runner.run().await });
+        let alive = loops.track("fleet client");
+        let run = tokio::spawn(async move {
+            let _alive = alive;
+            runner.run().await
+        });
         Ok(RunningAgent {
             client,
             runtime,
@@ -449,7 +490,8 @@ impl RunningAgent {
         &self.sinks
     }
 
-    /// The address `/metrics` and `/healthz` are served on (`None` without `metrics-addr`).
+    /// The address `/metrics`, `/healthz` and `/readyz` are served on (`None` without
+    /// `metrics-addr`).
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.observer.as_ref().map(|(addr, _)| *addr)
     }

@@ -1,8 +1,10 @@
 //! The agent's optional monitoring listener (`metrics-addr`): `GET /metrics` in the
-//! Prometheus text format and `GET /healthz`.
+//! Prometheus text format, `GET /healthz` (alive) and `GET /readyz` (ready; see
+//! [`super::health`]).
 //!
 //! Everything shown is about this agent's own work: plugin states, restarts, quarantines,
-//! calls and their latency, points emitted and dropped, the metric output, the fleet and NATS
+//! calls and their latency, points emitted and dropped, granted commands run, the metric
+//! output, the fleet and NATS
 //! connections, the fleet server in use and the configuration revision. Nothing secret is
 //! shown: no instance id, no token, no NATS address or credentials, fleet server URLs only
 //! without their user information; plugin names come from the agent's own configuration and
@@ -14,7 +16,7 @@ use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use ccfleet::client::{self, Client};
@@ -23,6 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::sinks::{SinkCounters, SinkInfo};
+use crate::plugin::commands::RunResult;
 use crate::plugin::stats::{CALLS, LATENCY_BUCKETS};
 use crate::plugin::{PluginState, PluginStats, PluginStatus};
 
@@ -35,7 +38,7 @@ const MAX_REVISION: usize = 128;
 type Counter = fn(&SinkCounters) -> &std::sync::atomic::AtomicU64;
 
 /// Every plugin state, in the order the `state` label lists them.
-const STATES: [(PluginState, &str); 6] = [
+pub(super) const STATES: [(PluginState, &str); 6] = [
     (PluginState::Starting, "starting"),
     (PluginState::Running, "running"),
     (PluginState::Backoff, "backoff"),
@@ -68,6 +71,10 @@ pub(crate) struct Observed {
     pub client: Client,
     pub nats: Option<async_nats::Client>,
     pub config: watch::Receiver<ConfigState>,
+    /// The agent's long-running loops, for `/healthz`.
+    pub loops: Arc<super::health::Loops>,
+    /// The plugins the fleet names and whether they run (`None` without a rollout).
+    pub assignments: Option<Arc<super::health::Assignments>>,
 }
 
 /// Escapes a Prometheus label value (backslash, quote, newline).
@@ -100,7 +107,7 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 impl Observed {
-    fn nats_connected(&self) -> Option<bool> {
+    pub(super) fn nats_connected(&self) -> Option<bool> {
         self.nats
             .as_ref()
             .map(|c| c.connection_state() == async_nats::connection::State::Connected)
@@ -293,6 +300,39 @@ impl Observed {
             }
         }
 
+        header(
+            &mut out,
+            "ccfleet_agent_plugin_command_runs_total",
+            "counter",
+            "Granted commands the plugin asked to run, by result: ok (exit status 0), \
+             exit_nonzero (another status or a signal; the output went to the plugin), timeout \
+             and output_cap (killed), failed (could not be run: unusable since start-up, \
+             replaced, or the start failed), refused (a name not granted).",
+        );
+        for (i, (name, _)) in statuses.iter().enumerate() {
+            for result in RunResult::ALL {
+                let _ = writeln!(
+                    out,
+                    "ccfleet_agent_plugin_command_runs_total{{plugin=\"{name}\",result=\"{}\"}} {}",
+                    result.as_str(),
+                    stats[i].commands.count(result)
+                );
+            }
+        }
+        header(
+            &mut out,
+            "ccfleet_agent_plugin_command_seconds_total",
+            "counter",
+            "Time the plugin's granted commands ran.",
+        );
+        for (i, (name, _)) in statuses.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "ccfleet_agent_plugin_command_seconds_total{{plugin=\"{name}\"}} {}",
+                stats[i].commands.seconds
+            );
+        }
+
         self.render_sinks(&mut out);
 
         let _ = write!(
@@ -334,6 +374,19 @@ impl Observed {
                 u8::from(down)
             );
         }
+        header(
+            &mut out,
+            "ccfleet_agent_fleet_instance_replacements_total",
+            "counter",
+            "Times the fleet server no longer knew this agent's instance and it registered again; \
+             growing at every heartbeat, another service registers with the same cluster, host \
+             name and type.",
+        );
+        let _ = writeln!(
+            out,
+            "ccfleet_agent_fleet_instance_replacements_total {}",
+            self.client.replacements()
+        );
         header(
             &mut out,
             "ccfleet_agent_fleet_server_changes_total",
@@ -425,6 +478,21 @@ impl Observed {
         }
         header(
             out,
+            "ccfleet_agent_sink_delivering",
+            "gauge",
+            "1 while the sink's latest write succeeded (or it has not written yet), 0 while it fails.",
+        );
+        for sink in &self.sinks {
+            let _ = writeln!(
+                out,
+                "ccfleet_agent_sink_delivering{{sink=\"{}\",type=\"{}\"}} {}",
+                label(&sink.name),
+                sink.kind.as_str(),
+                u8::from(sink.counters.delivery_failure().is_none())
+            );
+        }
+        header(
+            out,
             "ccfleet_agent_sink_points_lost_total",
             "counter",
             "Points the sink dropped, whatever the reason.",
@@ -464,83 +532,36 @@ impl Observed {
             }
         }
     }
-
-    /// `/healthz`: 200 when everything is up, else 503; the body names each part's state.
-    pub(crate) fn health(&self) -> (StatusCode, String) {
-        let mut body = String::new();
-        let mut healthy = true;
-        if let Some(connected) = self.nats_connected() {
-            healthy &= connected;
-            let _ = writeln!(
-                body,
-                "nats: {}",
-                if connected {
-                    "connected"
-                } else {
-                    "disconnected"
-                }
-            );
-        }
-        let _ = write!(
-            body,
-            "fleet: {}",
-            if self.client.registered() {
-                "registered"
-            } else {
-                "not registered"
-            }
-        );
-        // cc-backend being away is no failure of the agent: it runs from its configuration.
-        match self.client.failing_operations() {
-            0 => body.push('\n'),
-            n => {
-                let _ = writeln!(body, ", {n} operation(s) failing");
-            }
-        }
-        for plugin in self
-            .plugins
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
-            let state = plugin.status.borrow().state;
-            let down = matches!(state, PluginState::Quarantined | PluginState::LoadFailed);
-            healthy &= !down;
-            let name = STATES
-                .iter()
-                .find(|(s, _)| *s == state)
-                .map_or("unknown", |(_, n)| n);
-            let _ = writeln!(body, "plugin {}: {name}", plugin.name);
-        }
-        if healthy {
-            (StatusCode::OK, format!("ok\n{body}"))
-        } else {
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("unhealthy\n{body}"),
-            )
-        }
-    }
 }
 
 async fn metrics(State(observed): State<Arc<Observed>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, TEXT_FORMAT)], observed.render())
 }
 
-async fn healthz(State(observed): State<Arc<Observed>>) -> impl IntoResponse {
-    let (status, body) = observed.health();
+fn report(report: super::health::Report) -> impl IntoResponse {
+    let mut body = report.body.to_string();
+    body.push('\n');
     (
-        status,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        report.status,
+        [(header::CONTENT_TYPE, "application/json")],
         body,
     )
 }
 
-/// Serves `/metrics` and `/healthz` on `listener` until the task is aborted.
+async fn healthz(State(observed): State<Arc<Observed>>) -> impl IntoResponse {
+    report(observed.liveness())
+}
+
+async fn readyz(State(observed): State<Arc<Observed>>) -> impl IntoResponse {
+    report(observed.readiness())
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is aborted.
 pub(crate) fn serve(listener: TcpListener, observed: Arc<Observed>) -> JoinHandle<()> {
     let router = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .with_state(observed);
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, router).await {

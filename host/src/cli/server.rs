@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use ccfleet::server::ServerConfig;
@@ -94,9 +95,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// How many copies to the bucket are in flight at once.
 const MIGRATE_CONCURRENCY: usize = 256;
+/// How long `migrate` waits for NATS to answer before it gives up, naming the cause: a
+/// one-shot command should not sit through the reconnect loop a server runs.
+const MIGRATE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often `migrate` reports its progress.
+const MIGRATE_PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// `ccfleet server migrate`: copies every service of a SQLite registry into the bucket,
-/// keeping instance ids, states, times and acknowledged revisions.
+/// keeping instance ids, states, times and acknowledged revisions. NATS is reached first,
+/// within [`MIGRATE_CONNECT_TIMEOUT`]; progress is logged while copying.
 async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     use ccfleet::server::RegistryConfig;
     use ccfleet::server::registry::jetstream::{CopyOutcome, JetStreamStore};
@@ -120,36 +127,130 @@ async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         "{}: no such SQLite registry file",
         args.from_sqlite.display()
     );
+    // NATS first: a wrong address or a NATS that is down is found in seconds, before the
+    // registry is read.
+    let client = connect_for_migrate(nats).await?;
+    let shown = nats.display_address();
+    tracing::info!("migrate: connected to NATS at {shown}");
     let source = args.from_sqlite.clone();
     let services = tokio::task::spawn_blocking(move || SqliteStore::open(Some(&source))?.load())
         .await
         .context("reading the SQLite registry")?
         .with_context(|| format!("reading {}", args.from_sqlite.display()))?;
-    let options = nats.connect_options("ccfleet-migrate").await?;
-    let client = nats
-        .connect(options)
-        .await
-        .map_err(|e| anyhow::anyhow!("connecting to NATS at {}: {e}", nats.display_address()))?;
-    let store = JetStreamStore::open(client.clone(), settings.clone()).await?;
+    let total = services.len();
+    let store = tokio::time::timeout(
+        MIGRATE_CONNECT_TIMEOUT.saturating_mul(2),
+        JetStreamStore::open(client.clone(), settings.clone()),
+    )
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "opening bucket {} on NATS at {shown}: no answer from JetStream within {} (is JetStream enabled on that server?)",
+            settings.bucket,
+            ccfleet::duration::format(MIGRATE_CONNECT_TIMEOUT.saturating_mul(2))
+        )
+    })?
+    .with_context(|| format!("opening bucket {} on NATS at {shown}", settings.bucket))?;
+    tracing::info!(
+        "migrate: copying {total} member(s) from {} into bucket {}",
+        args.from_sqlite.display(),
+        settings.bucket
+    );
     let (mut copied, mut present, mut skipped) = (0u64, 0u64, 0u64);
     let mut outcomes = futures::stream::iter(services.iter().map(|s| store.copy_in(s)))
         .buffer_unordered(MIGRATE_CONCURRENCY);
-    while let Some(outcome) = outcomes.next().await {
-        match outcome? {
-            CopyOutcome::Copied => copied += 1,
-            CopyOutcome::AlreadyPresent => present += 1,
-            CopyOutcome::Differs => skipped += 1,
+    let mut progress = tokio::time::interval(MIGRATE_PROGRESS_EVERY);
+    progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    progress.tick().await;
+    loop {
+        tokio::select! {
+            outcome = outcomes.next() => match outcome {
+                None => break,
+                Some(outcome) => match outcome.with_context(|| format!("copying into bucket {} on NATS at {shown}", settings.bucket))? {
+                    CopyOutcome::Copied => copied += 1,
+                    CopyOutcome::AlreadyPresent => present += 1,
+                    CopyOutcome::Differs => skipped += 1,
+                },
+            },
+            _ = progress.tick() => {
+                let done = copied + present + skipped;
+                tracing::info!("migrate: {done} of {total} member(s) done");
+            }
         }
     }
     drop(outcomes);
     client.flush().await.context("flushing NATS")?;
+    tracing::info!("migrate: {total} of {total} member(s) done");
     println!(
         "{}: {} service(s) into bucket {}: {copied} copied, {present} already present, {skipped} skipped (the bucket holds another registration of the member)",
         args.from_sqlite.display(),
-        services.len(),
+        total,
         settings.bucket
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Connects to NATS for `migrate`, or fails within [`MIGRATE_CONNECT_TIMEOUT`] naming the
+/// address (without credentials) and the cause: the TCP connection's error, or what NATS
+/// said while the handshake did not complete (e.g. an authorization violation).
+async fn connect_for_migrate(
+    nats: &ccfleet::server::NatsConfig,
+) -> anyhow::Result<async_nats::Client> {
+    use std::sync::{Arc, Mutex};
+    let shown = nats.display_address();
+    let within = ccfleet::duration::format(MIGRATE_CONNECT_TIMEOUT);
+    let target = nats
+        .server_address()
+        .parse::<async_nats::ServerAddr>()
+        .map_err(|_| {
+            anyhow::anyhow!("nats.address is not a NATS URL (e.g. nats://127.0.0.1:4222)")
+        })?;
+    let (host, port) = (target.host().to_owned(), target.port());
+    match tokio::time::timeout(
+        MIGRATE_CONNECT_TIMEOUT,
+        tokio::net::TcpStream::connect((host.as_str(), port)),
+    )
+    .await
+    {
+        Err(_) => anyhow::bail!("cannot reach NATS at {shown}: no answer within {within}"),
+        Ok(Err(e)) => anyhow::bail!("cannot reach NATS at {shown}: {e}"),
+        Ok(Ok(_probe)) => {}
+    }
+    let last_problem: Arc<Mutex<Option<String>>> = Arc::default();
+    let seen = last_problem.clone();
+    let section = nats.clone();
+    let options = nats
+        .connect_options("ccfleet-migrate")
+        .await?
+        .event_callback(move |event| {
+            let seen = seen.clone();
+            let text = section.scrub(&event);
+            async move {
+                if matches!(
+                    event,
+                    async_nats::Event::ServerError(_) | async_nats::Event::ClientError(_)
+                ) {
+                    *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
+                }
+            }
+        });
+    let client = nats
+        .connect(options)
+        .await
+        .map_err(|e| anyhow::anyhow!("connecting to NATS at {shown}: {e}"))?;
+    let deadline = tokio::time::Instant::now() + MIGRATE_CONNECT_TIMEOUT;
+    while client.connection_state() != async_nats::connection::State::Connected {
+        if tokio::time::Instant::now() >= deadline {
+            let cause = last_problem
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_else(|| "the handshake did not complete".to_owned());
+            anyhow::bail!("cannot connect to NATS at {shown} within {within}: {cause}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(client)
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {

@@ -1,4 +1,7 @@
 //! `ccfleet token`: an API token signed with `JWT_PRIVATE_KEY`.
+//!
+//! A lifetime is required (`--ttl`): a token that never expires has to be asked for by
+//! name (`--no-expiry`), since a leaked one stays valid until the key pair is replaced.
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -9,20 +12,32 @@ use ccfleet::server::auth::Keypair;
 
 /// Flags of `ccfleet token`.
 #[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("lifetime").required(true).args(["ttl", "no_expiry"]))]
 pub struct Args {
-    /// The token's subject (user name).
-    #[arg(long)]
+    /// The token's subject (user name); not empty.
+    #[arg(long, value_parser = parse_sub)]
     sub: String,
     /// A role to grant (repeatable). The fleet API needs exactly `api`, or `admin` and `api`.
     #[arg(long = "role", value_name = "ROLE", default_values_t = vec!["api".to_owned()])]
     roles: Vec<String>,
-    /// Lifetime as a Go duration (e.g. 24h); without it the token never expires.
+    /// Lifetime as a Go duration (e.g. 720h); required unless --no-expiry is given.
     #[arg(long, value_parser = parse_ttl)]
     ttl: Option<Duration>,
+    /// Mint a token that never expires (only the key pair's replacement revokes it).
+    #[arg(long)]
+    no_expiry: bool,
     /// The signing key: the JWT_PRIVATE_KEY line of `ccfleet keygen` (standard base64 of
-    /// the 64-byte Ed25519 private key).
+    /// the 64-byte Ed25519 private key). Read from the environment variable JWT_PRIVATE_KEY
+    /// unless given here (a flag shows in process listings).
     #[arg(long, env = "JWT_PRIVATE_KEY", hide_env_values = true)]
-    private_key: String,
+    private_key: Option<String>,
+}
+
+fn parse_sub(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("the subject must not be empty (it names who the token is for)".to_owned());
+    }
+    Ok(s.to_owned())
 }
 
 fn parse_ttl(s: &str) -> Result<Duration, String> {
@@ -54,7 +69,12 @@ fn check_private_key(value: &str) -> anyhow::Result<Keypair> {
 
 /// Prints a token signed with `JWT_PRIVATE_KEY`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let keypair = check_private_key(&args.private_key)?;
+    let Some(private_key) = args.private_key.as_deref().filter(|k| !k.trim().is_empty()) else {
+        anyhow::bail!(
+            "no signing key: set JWT_PRIVATE_KEY to the JWT_PRIVATE_KEY= line of `ccfleet keygen` (e.g. `set -a; . keys.env; set +a`), or pass --private-key"
+        );
+    };
+    let keypair = check_private_key(private_key)?;
     if let Ok(public) = std::env::var("JWT_PUBLIC_KEY")
         && !public.trim().is_empty()
         && public.trim() != keypair.public_key_base64()

@@ -7,11 +7,13 @@
 //! (`/proc`, `/sys`, `/dev`, ...) is refused, since inside a preopened `/proc` the plugin
 //! could read `/proc/self/environ` and `/proc/self/mem`, the agent's secrets.
 
+use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
+use super::commands::{self, RunGrant};
 use super::files::Pattern;
 
 /// File systems that are views of the kernel and its processes, never preopened for WASI.
@@ -53,6 +55,17 @@ pub struct Capabilities {
     /// fixtures holding `proc/stat`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_root: Option<PathBuf>,
+    /// The mount table and per-mount statistics (`/proc/self/mounts`, `mountinfo`,
+    /// `mountstats`, served by the agent itself) and `statvfs` of the mount points it
+    /// lists, for `diskstat` and `nfsiostat`; nothing else of the agent's process
+    /// ([`super::mounts`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mount_info: bool,
+    /// Commands the plugin may run through `cc:fleet/commands`, by name: each an absolute
+    /// executable with fixed arguments, run without a shell under a timeout and an output
+    /// cap ([`super::commands`]). Needs no WASI.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub run: BTreeMap<String, RunGrant>,
 }
 
 impl Capabilities {
@@ -87,6 +100,7 @@ impl Capabilities {
                 root.display()
             ));
         }
+        commands::validate(&self.run)?;
         Ok(())
     }
 
@@ -226,6 +240,8 @@ mod tests {
             read_dirs: vec!["/var/lib/data".into()],
             read_files: vec!["/proc/loadavg".into()],
             files_root: None,
+            mount_info: false,
+            run: BTreeMap::new(),
         };
         fine.validate().unwrap();
     }

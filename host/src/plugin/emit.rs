@@ -1,13 +1,17 @@
 //! The emit path: a plugin's points become one batch of line protocol, checked against the
 //! plugin's limits, or nothing.
 //!
-//! The batch is encoded straight from the plugin's memory ([`Emitter::encode_from`]): the
-//! points' texts are read in place, not copied into host strings first, and the byte limit
-//! bounds what the host does before any point is looked at.
+//! `emit-lines` (0.3) hands over line protocol the plugin encoded itself: the host checks
+//! every line with the project's decoder, as the sinks' consumers will decode it, and copies
+//! what passes straight out of the plugin's memory ([`Emitter::check_lines`]); nothing is
+//! decoded into owned values or encoded again. `emit` (the typed path of 0.2) is encoded
+//! straight from the plugin's memory ([`Emitter::encode_from`]): the points' texts are read
+//! in place, not copied into host strings first, and the byte limit bounds what the host
+//! does before any point is looked at.
 
 use std::borrow::Cow;
 
-use ccfleet::lineproto::{Encoder, FieldRef};
+use ccfleet::lineproto::{BatchError, BatchLimits, Encoder, FieldRef, check_batch};
 use ccfleet::untrusted::Untrusted;
 use wasmtime::StoreContextMut;
 use wasmtime::component::{ComponentType, Lift, WasmList, WasmStr};
@@ -92,7 +96,7 @@ pub(crate) struct Emitter {
     /// collector emits every round, and growing them afresh each time cost more than
     /// encoding its few points.
     views: Views,
-    max_points: usize,
+    limits: BatchLimits,
     pub(crate) sink: SinkHandle,
 }
 
@@ -127,11 +131,20 @@ fn recycle<T>(list: &mut Vec<T>, kept: usize) {
     list.shrink_to(kept);
 }
 
+/// The message a plugin sees for a batch of lines the check refused, naming its own limits
+/// as such.
+fn refusal(error: &BatchError) -> String {
+    error
+        .to_string()
+        .replace("the limit", "this plugin's limit")
+}
+
 /// Encodes one batch under the byte limit.
 #[derive(Default)]
 struct Writer {
     encoder: Encoder,
     max_bytes: usize,
+    max_line_len: usize,
 }
 
 impl Writer {
@@ -159,7 +172,19 @@ impl Writer {
         fields: &[(F, Value<T>)],
         time_ns: i64,
     ) -> Result<(), String> {
+        let before = self.encoder.len();
         let written = self.line(measurement, tags, fields, time_ns);
+        // The line without its newline, as the check of `emit-lines` measures it.
+        let written = written.and_then(|()| {
+            let len = self.encoder.len() - before - 1;
+            if len > self.max_line_len {
+                return Err(format!(
+                    "line of {len} bytes exceeds this plugin's limit of {}",
+                    self.max_line_len
+                ));
+            }
+            Ok(())
+        });
         if let Err(e) = written {
             self.encoder.clear();
             return Err(format!(
@@ -211,36 +236,79 @@ impl Writer {
 }
 
 impl Emitter {
-    pub fn new(sink: SinkHandle, max_points: usize, max_bytes: usize) -> Self {
+    pub fn new(sink: SinkHandle, limits: BatchLimits) -> Self {
         Emitter {
             writer: Writer {
                 encoder: Encoder::new(),
-                max_bytes,
+                max_bytes: limits.max_bytes,
+                max_line_len: limits.max_line_len,
             },
             views: Views::default(),
-            max_points,
+            limits,
             sink,
         }
     }
 
     /// Checks the number of points, before anything of the batch is looked at.
     pub fn check_count(&self, points: usize) -> Result<(), String> {
-        if points > self.max_points {
+        if points > self.limits.max_points {
             return Err(format!(
                 "batch of {points} points exceeds this plugin's limit of {}",
-                self.max_points
+                self.limits.max_points
             ));
         }
         Ok(())
+    }
+
+    /// Checks the tags and fields of point `index` against the limits, before they are read.
+    fn check_entries(&self, index: usize, tags: usize, fields: usize) -> Result<(), String> {
+        let limits = &self.limits;
+        if tags > limits.max_tags {
+            return Err(format!(
+                "point {index}: {tags} tags exceed this plugin's limit of {}",
+                limits.max_tags
+            ));
+        }
+        if fields > limits.max_fields {
+            return Err(format!(
+                "point {index}: {fields} fields exceed this plugin's limit of {}",
+                limits.max_fields
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a batch of line protocol (`host.emit-lines`) in the plugin's memory: the
+    /// checked lines, with the time appended where a line has none, and their number; or the
+    /// message the plugin sees, with the number of lines refused. The lines are read in
+    /// place: the plugin cannot run while its host call does, so what was checked is what
+    /// is copied.
+    pub fn check_lines(
+        store: &mut StoreContextMut<'_, HostState>,
+        lines: &WasmList<u8>,
+        now_ns: fn() -> i64,
+    ) -> Result<(Vec<u8>, usize), (String, usize)> {
+        let limits = store.data().emitter.limits;
+        let input = lines.as_le_slice(&*store);
+        let mut out = Vec::new();
+        match check_batch(input, &limits, &mut || now_ns(), &mut out) {
+            Ok(points) => Ok((out, points)),
+            Err(error) => {
+                let refused = input.iter().filter(|&&b| b == b'\n').count()
+                    + usize::from(input.last().is_some_and(|&b| b != b'\n'));
+                Err((refusal(&error), refused))
+            }
+        }
     }
 
     /// Encodes the whole batch or nothing; `Err` is the message the plugin sees.
     #[cfg(test)]
     pub fn encode(&mut self, points: &[Point], now_ns: i64) -> Result<Vec<u8>, String> {
         self.check_count(points.len())?;
-        let writer = &mut self.writer;
-        writer.encoder.clear();
+        self.writer.encoder.clear();
         for (index, point) in points.iter().enumerate() {
+            self.check_entries(index, point.tags.len(), point.fields.len())?;
+            let writer = &mut self.writer;
             let mut tags: Vec<(&str, &str)> = point
                 .tags
                 .iter()
@@ -259,7 +327,7 @@ impl Emitter {
                 point.time_ns.unwrap_or(now_ns),
             )?;
         }
-        Ok(writer.finish())
+        Ok(self.writer.finish())
     }
 
     /// Encodes a batch straight from the plugin's memory: the whole batch or nothing.
@@ -277,9 +345,10 @@ impl Emitter {
         // The texts borrow the plugin's memory while the writer, part of the store's
         // data, writes: it steps out of the store meanwhile.
         let emitter = &mut store.data_mut().emitter;
+        let limits = emitter.limits;
         let mut writer = std::mem::take(&mut emitter.writer);
         let mut views = std::mem::take(&mut emitter.views);
-        let outcome = encode_views(store, &mut writer, &mut views, points, now_ns);
+        let outcome = encode_views(store, &limits, &mut writer, &mut views, points, now_ns);
         let outcome = outcome.map(|encoded| encoded.map(|()| writer.finish()));
         writer.encoder.clear();
         views.clear();
@@ -292,6 +361,7 @@ impl Emitter {
 
 fn encode_views(
     store: &mut StoreContextMut<'_, HostState>,
+    limits: &BatchLimits,
     writer: &mut Writer,
     views: &mut Views,
     points: &WasmList<PointView>,
@@ -311,7 +381,11 @@ fn encode_views(
         fields: field_views,
     } = views;
     let mut least = 0usize;
-    for view in point_views.iter() {
+    for (index, view) in point_views.iter().enumerate() {
+        if view.tags.len() > limits.max_tags || view.fields.len() > limits.max_fields {
+            let emitter = &store.data().emitter;
+            return Ok(emitter.check_entries(index, view.tags.len(), view.fields.len()));
+        }
         least = least
             .saturating_add(view.tags.len().saturating_mul(4))
             .saturating_add(view.fields.len().saturating_mul(3));
@@ -389,7 +463,14 @@ mod tests {
 
     fn emitter(max_points: usize, max_bytes: usize) -> Emitter {
         let (sink, _rx) = crate::plugin::sink::channel(1);
-        Emitter::new(sink, max_points, max_bytes)
+        Emitter::new(
+            sink,
+            BatchLimits {
+                max_points,
+                max_bytes,
+                ..BatchLimits::default()
+            },
+        )
     }
 
     #[test]
@@ -441,6 +522,39 @@ mod tests {
         recycle(&mut huge, ENTRIES_KEPT);
         assert!(huge.is_empty());
         assert!(huge.capacity() <= ENTRIES_KEPT, "kept {}", huge.capacity());
+    }
+
+    #[test]
+    fn the_typed_path_keeps_the_tag_field_and_line_limits_of_emit_lines() {
+        let (sink, _rx) = crate::plugin::sink::channel(1);
+        let limits = BatchLimits {
+            max_tags: 1,
+            max_fields: 1,
+            max_line_len: 24,
+            ..BatchLimits::default()
+        };
+        let mut e = Emitter::new(sink, limits);
+        let two_tags = point("m", &[("a", "1"), ("b", "2")], 1.0);
+        assert_eq!(
+            e.encode(&[two_tags], 1).unwrap_err(),
+            "point 0: 2 tags exceed this plugin's limit of 1"
+        );
+        let mut two_fields = point("m", &[], 1.0);
+        two_fields.fields.push(("w".to_owned(), FieldValue::Int(2)));
+        assert_eq!(
+            e.encode(&[point("ok", &[], 1.0), two_fields], 1)
+                .unwrap_err(),
+            "point 1: 2 fields exceed this plugin's limit of 1"
+        );
+        let long = point("measurement_name_long", &[("a", "1")], 1.0);
+        assert_eq!(
+            e.encode(&[long], 1).unwrap_err(),
+            "point 0 (measurement_name_long): line of 35 bytes exceeds this plugin's limit of 24"
+        );
+        assert_eq!(
+            e.encode(&[point("m", &[("a", "1")], 1.0)], 1).unwrap(),
+            b"m,a=1 value=1 1\n"
+        );
     }
 
     #[test]

@@ -15,8 +15,9 @@ use wasmtime::component::{ComponentType as _, Linker};
 use wasmtime::{Config, Engine, Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
-use super::bindings::FleetPluginPre;
+use super::bindings::PluginPre;
 use super::cache::{ComponentCache, content_hash};
+use super::commands::{CommandGrants, StoreCommands};
 use super::emit::Emitter;
 use super::events::{EventSender, PluginEvent};
 use super::files::FileGrants;
@@ -88,7 +89,7 @@ struct Inner {
 /// A compiled, type-checked plugin, ready to be instantiated any number of times.
 #[derive(Clone)]
 pub struct LoadedPlugin {
-    pub(crate) pre: FleetPluginPre<HostState>,
+    pub(crate) pre: PluginPre,
     /// The SHA-256 of the component file, hex.
     pub hash: String,
     /// Whether the compiled code came from the on-disk cache.
@@ -242,7 +243,7 @@ impl Runtime {
             reason: format!("{e:#}"),
         };
         let pre = linker.instantiate_pre(&component).map_err(incompatible)?;
-        let pre = FleetPluginPre::new(pre).map_err(incompatible)?;
+        let pre = PluginPre::new(pre).map_err(incompatible)?;
         Ok(LoadedPlugin { pre, hash, cached })
     }
 
@@ -266,10 +267,11 @@ impl Runtime {
         generation: u64,
         sink: SinkHandle,
         logs: LogGate,
+        commands: Arc<CommandGrants>,
     ) -> Result<Store<HostState>, HostError> {
         let limits = &spec.limits;
         let caps = &spec.capabilities;
-        let files = if caps.read_files.is_empty() {
+        let files = if caps.read_files.is_empty() && !caps.mount_info {
             FileGrants::none()
         } else {
             FileGrants::new(
@@ -282,6 +284,11 @@ impl Runtime {
                 reason,
             })?
             .with_secrets(self.inner.secrets.clone())
+        };
+        let files = if caps.mount_info {
+            files.with_mount_info()
+        } else {
+            files
         };
         let wasi = if spec.capabilities.wasi {
             let mut builder = WasiCtx::builder();
@@ -300,14 +307,11 @@ impl Runtime {
             plugin: plugin.clone(),
             generation,
             limiter: MemoryLimiter::new(limits.memory_bytes()),
-            emitter: Emitter::new(
-                sink,
-                limits.max_points as usize,
-                limits.max_emit_bytes as usize,
-            ),
+            emitter: Emitter::new(sink, limits.batch_limits()),
             events: self.inner.events.clone(),
             logs,
             files,
+            commands: StoreCommands::new(commands),
             deadline: Instant::now() + limits.call_timeout,
             table: wasmtime::component::ResourceTable::new(),
             wasi,

@@ -222,7 +222,42 @@ pub struct FileGrants {
     root: PathBuf,
     max_bytes: usize,
     secrets: Arc<[PathBuf]>,
+    secret_ids: Arc<Mutex<SecretIds>>,
     trees: Arc<Mutex<Trees>>,
+    /// `capabilities.mount-info`: see [`super::mounts`].
+    mounts: Option<super::mounts::MountInfo>,
+}
+
+/// What the agent's secrets are on disk, looked up once per plugin call
+/// ([`FileGrants::begin_call`]) rather than at every read: a collector reads tens of files
+/// per call, and a `stat` of every secret file for each was a visible part of a small
+/// collector's call.
+#[derive(Debug, Default)]
+struct SecretIds {
+    /// Whether the lookup is of the current call.
+    current: bool,
+    /// Device and inode of every secret that exists.
+    inodes: Vec<(u64, u64)>,
+    /// The resolved paths of the secrets that are directories.
+    dirs: Vec<PathBuf>,
+}
+
+impl SecretIds {
+    fn look_up(&mut self, secrets: &[PathBuf]) {
+        self.inodes.clear();
+        self.dirs.clear();
+        for secret in secrets {
+            if let Ok(meta) = std::fs::metadata(secret) {
+                self.inodes.push((meta.dev(), meta.ino()));
+                if meta.is_dir()
+                    && let Ok(resolved) = std::fs::canonicalize(secret)
+                {
+                    self.dirs.push(resolved);
+                }
+            }
+        }
+        self.current = true;
+    }
 }
 
 /// Directory descriptors (`O_PATH`) of the file root and of its top-level directories
@@ -295,8 +330,19 @@ impl FileGrants {
             root,
             max_bytes,
             secrets: Arc::from(Vec::new()),
+            secret_ids: Arc::default(),
             trees: Arc::default(),
+            mounts: None,
         })
+    }
+
+    /// Adds the mount-info grant ([`super::mounts`]).
+    pub fn with_mount_info(mut self) -> FileGrants {
+        self.mounts = Some(super::mounts::MountInfo::new(
+            self.root.clone(),
+            self.max_bytes,
+        ));
+        self
     }
 
     /// Refuses `secrets` (host paths, files or directories) whatever the grant.
@@ -305,27 +351,39 @@ impl FileGrants {
         self
     }
 
+    /// Starts a plugin call: the secrets are looked up again at the call's first read, since
+    /// a token file may be replaced between calls (and may not exist yet when the agent
+    /// starts).
+    pub fn begin_call(&self) {
+        if !self.secrets.is_empty() {
+            self.secret_ids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .current = false;
+        }
+    }
+
     /// Whether the opened file (resolved to `real`) is one of the agent's secrets: the same
-    /// path, below a secret directory, or the same inode. Secrets are looked up at each read,
-    /// since a token file may be replaced (and may not exist yet when the agent starts).
+    /// path, below a secret directory, or the same inode, as the secrets were at the call's
+    /// first read ([`FileGrants::begin_call`]).
     ///
-    /// A secret that is a file is caught by its inode alone (one `stat`: the same path is the
-    /// same inode); only a secret directory needs its resolved path, to catch what lies below
-    /// it. A secret that does not exist cannot be the opened file; its path as given is still
+    /// A secret that is a file is caught by its inode alone (the same path is the same
+    /// inode); only a secret directory needs its resolved path, to catch what lies below it.
+    /// A secret that does not exist cannot be the opened file; its path as given is still
     /// compared.
     fn is_secret(&self, real: &Path, opened: &std::fs::Metadata) -> bool {
-        self.secrets.iter().any(|secret| {
-            if real.starts_with(secret) {
-                return true;
-            }
-            match std::fs::metadata(secret) {
-                Ok(m) if m.dev() == opened.dev() && m.ino() == opened.ino() => true,
-                Ok(m) if m.is_dir() => {
-                    std::fs::canonicalize(secret).is_ok_and(|resolved| real.starts_with(resolved))
-                }
-                _ => false,
-            }
-        })
+        if self.secrets.is_empty() {
+            return false;
+        }
+        if self.secrets.iter().any(|secret| real.starts_with(secret)) {
+            return true;
+        }
+        let mut ids = self.secret_ids.lock().unwrap_or_else(|e| e.into_inner());
+        if !ids.current {
+            ids.look_up(&self.secrets);
+        }
+        ids.inodes.contains(&(opened.dev(), opened.ino()))
+            || ids.dirs.iter().any(|dir| real.starts_with(dir))
     }
 
     /// Nothing granted.
@@ -335,12 +393,19 @@ impl FileGrants {
             root: PathBuf::from("/"),
             max_bytes: 0,
             secrets: Arc::from(Vec::new()),
+            secret_ids: Arc::default(),
             trees: Arc::default(),
+            mounts: None,
         }
     }
 
     /// Reads a whole granted file. The error is the message the plugin sees.
     pub fn read(&self, path: &str) -> Result<Vec<u8>, String> {
+        if let Some(mounts) = &self.mounts
+            && let Some(name) = super::mounts::MountInfo::served(path)
+        {
+            return mounts.read(path, name);
+        }
         let names = self.check(path, Kind::File)?;
         let (file, meta) = self.open(path, &names, Kind::File)?;
         // One read for a small file: /proc files report no size and /sys files a page, so
@@ -436,7 +501,8 @@ impl FileGrants {
         let granted = self.patterns.iter().any(|p| match kind {
             Kind::File | Kind::Either => p.matches(&names),
             Kind::Dir => p.leads_below(&names),
-        });
+        }) || (kind == Kind::Either
+            && self.mounts.as_ref().is_some_and(|m| m.is_mount_point(path)));
         if !granted {
             return Err(format!(
                 "{} is not granted to this plugin (capabilities.read-files)",
@@ -886,9 +952,11 @@ mod tests {
             assert!(err.contains("agent's own secrets"), "{path}: {err}");
         }
         assert_eq!(grants.read("/other").unwrap(), b"fine");
-        // A replaced token file is caught at once: secrets are looked up at every read.
+        // A replaced token file is caught by the next call: secrets are looked up once per
+        // call.
         std::fs::remove_file(at("token")).unwrap();
         std::fs::rename(at("other"), at("token")).unwrap();
+        grants.begin_call();
         assert!(grants.read("/innocent").is_ok());
         assert!(grants.read("/token").is_err());
     }

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use wasmtime::Store;
 
-use super::bindings::FleetPlugin;
+use super::bindings::PluginBindings;
+use super::commands::CommandGrants;
 use super::engine::{LoadedPlugin, Runtime};
 use super::limits::MemoryLimitExceeded;
 use super::logs::{LogGate, MAX_ERROR_MESSAGE, cap};
@@ -24,7 +25,7 @@ const TIMEOUT_GRACE: Duration = Duration::from_millis(250);
 /// A running instance of a plugin: its store and the bindings to its exports.
 pub struct Instance {
     store: Store<HostState>,
-    bindings: FleetPlugin,
+    bindings: PluginBindings,
     timeout: Duration,
     /// Whether a call may wait in the host (WASI's imports are async): only then does it
     /// need a wall-clock timeout besides the CPU deadline. Without WASI every host function
@@ -32,6 +33,9 @@ pub struct Instance {
     /// callback ends it; a timer could not fire any sooner, and registering one for every
     /// call was a measurable part of a collector's cost.
     waits_in_host: bool,
+    /// How long one call may wait for granted commands besides its own time
+    /// ([`CommandGrants::call_budget`]), added to the wall-clock timeout.
+    commands_time: Duration,
     /// For the epoch ticker, which runs only while a call does.
     runtime: Runtime,
 }
@@ -46,14 +50,29 @@ macro_rules! guarded {
         let inst: &mut Instance = $inst;
         let limit = inst.timeout;
         inst.store.data_mut().deadline = Instant::now() + limit;
+        inst.store.data().files.begin_call();
+        inst.store.data_mut().commands.new_call();
         inst.store.set_epoch_deadline(1);
         let _running = inst.runtime.enter_call();
-        let $guest = inst.bindings.cc_fleet_plugin();
         let $store = &mut inst.store;
+        // The same call in whichever world the component targets (their `plugin`
+        // interfaces take the same Rust types).
+        let call = async {
+            match &inst.bindings {
+                PluginBindings::V03(bindings) => {
+                    let $guest = bindings.cc_fleet_plugin();
+                    $body.await
+                }
+                PluginBindings::V02(bindings) => {
+                    let $guest = bindings.cc_fleet_plugin();
+                    $body.await
+                }
+            }
+        };
         let outcome = if inst.waits_in_host {
-            tokio::time::timeout(limit + TIMEOUT_GRACE, $body).await
+            tokio::time::timeout(limit + TIMEOUT_GRACE + inst.commands_time, call).await
         } else {
-            Ok($body.await)
+            Ok(call.await)
         };
         classify($call, limit, outcome)
     }};
@@ -99,6 +118,8 @@ fn failure_of(call: &'static str, limit: Duration, error: &wasmtime::Error) -> F
 
 impl Instance {
     /// Creates a store, instantiates the plugin from its `InstancePre` and calls `init`.
+    // Each argument is a separate piece of the plugin's state the supervisor keeps.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn start(
         runtime: &Runtime,
         loaded: &LoadedPlugin,
@@ -107,12 +128,15 @@ impl Instance {
         generation: u64,
         sink: SinkHandle,
         logs: LogGate,
+        commands: Arc<CommandGrants>,
     ) -> Result<Instance, Failure> {
+        let commands_time = commands.call_budget();
         let mut store = runtime
-            .new_store(spec, plugin, generation, sink, logs)
+            .new_store(spec, plugin, generation, sink, logs, commands)
             .map_err(|e| Failure::Setup(e.to_string()))?;
         let limit = spec.limits.call_timeout;
         store.data_mut().deadline = Instant::now() + limit;
+        store.data().files.begin_call();
         let running = runtime.enter_call();
         let outcome = tokio::time::timeout(
             limit + TIMEOUT_GRACE,
@@ -136,6 +160,7 @@ impl Instance {
             bindings,
             timeout: limit,
             waits_in_host,
+            commands_time,
             runtime: runtime.clone(),
         };
         let config = spec.config.to_string();
@@ -184,6 +209,7 @@ impl LoadedPlugin {
         sink: SinkHandle,
     ) -> Result<Instance, Failure> {
         let logs = LogGate::new(&spec.limits);
+        let commands = CommandGrants::open(&spec.capabilities.run, Default::default());
         Instance::start(
             runtime,
             self,
@@ -192,6 +218,7 @@ impl LoadedPlugin {
             1,
             sink,
             logs,
+            Arc::new(commands),
         )
         .await
     }

@@ -3,7 +3,8 @@
 //! Plugins are WebAssembly components targeting the `cc:fleet` WIT world (`wit/`). Reading
 //! order, from the bottom up (each layer uses only the ones before it):
 //!
-//! - [`spec`] and [`capabilities`]: how a plugin is declared, what it may reach;
+//! - [`spec`] and [`capabilities`]: how a plugin is declared, what it may reach; [`commands`]
+//!   runs the commands a plugin is granted;
 //! - `limits`, [`logs`], `emit`, [`files`], `state`: the data of one plugin's `Store` and
 //!   the `cc:fleet/host` and `cc:fleet/files` imports; [`sink`] is where emitted line
 //!   protocol goes;
@@ -38,6 +39,7 @@
 mod bindings;
 mod cache;
 pub mod capabilities;
+pub mod commands;
 pub mod componentize;
 mod emit;
 pub mod engine;
@@ -49,6 +51,7 @@ pub mod handle;
 pub mod instance;
 mod limits;
 pub mod logs;
+pub mod mounts;
 pub mod restart;
 pub mod sink;
 pub mod spec;

@@ -70,6 +70,11 @@ impl SinkHandle {
         result
     }
 
+    /// Batches waiting in the channel for the output.
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
     /// This handle, counting what it is handed in `stats`.
     pub(crate) fn counted(mut self, stats: Arc<PluginStats>) -> SinkHandle {
         self.stats = Some(stats);

@@ -7,7 +7,10 @@
 //!   "config": {"cluster": "fritz"},
 //!   "collect-interval": "10s",
 //!   "limits": {"memory-mb": 32, "call-timeout": "500ms"},
-//!   "capabilities": {"read-files": ["/proc/loadavg", "/proc/sys/kernel/hostname"]}
+//!   "capabilities": {
+//!     "read-files": ["/proc/loadavg", "/proc/sys/kernel/hostname"],
+//!     "run": {"sensors": {"path": "/usr/bin/ipmitool", "args": ["sensor"], "timeout": "3s"}}
+//!   }
 //! }
 //! ```
 
@@ -91,7 +94,13 @@ impl PluginSpec {
             return fail("collect-interval must be positive".to_owned());
         }
         let l = &self.limits;
-        if l.memory_mb == 0 || l.max_points == 0 || l.max_emit_bytes == 0 || l.log_burst == 0 {
+        if l.memory_mb == 0
+            || l.max_points == 0
+            || l.max_emit_bytes == 0
+            || l.max_line_bytes == 0
+            || l.max_fields == 0
+            || l.log_burst == 0
+        {
             return fail("limits must be positive".to_owned());
         }
         if l.call_timeout.is_zero() {
@@ -120,9 +129,16 @@ pub struct Limits {
     pub call_timeout: Duration,
     /// The most points one `emit` call may carry.
     pub max_points: u32,
-    /// The most line-protocol bytes one `emit` call may produce; copying a batch to the host
-    /// may allocate twice this before the batch is refused.
+    /// The most line-protocol bytes one `emit` call may produce (for `emit-lines`: the bytes
+    /// the plugin hands over); copying a typed batch to the host may allocate twice this
+    /// before the batch is refused.
     pub max_emit_bytes: u32,
+    /// The most bytes of one emitted line (one point, without its newline).
+    pub max_line_bytes: u32,
+    /// The most tags of one emitted point.
+    pub max_tags: u32,
+    /// The most fields of one emitted point.
+    pub max_fields: u32,
     /// The most bytes one `cc:fleet/files` read returns.
     pub max_file_bytes: u32,
     /// Log lines (and logged call errors) a plugin may write per second on average; the
@@ -150,6 +166,9 @@ impl Default for Limits {
             call_timeout: Duration::from_secs(1),
             max_points: 10_000,
             max_emit_bytes: 4 << 20,
+            max_line_bytes: 1 << 20,
+            max_tags: 64,
+            max_fields: 1024,
             max_file_bytes: 4 << 20,
             log_lines_per_second: 20,
             log_burst: 200,
@@ -165,6 +184,17 @@ impl Limits {
     /// The memory limit in bytes.
     pub fn memory_bytes(&self) -> usize {
         (self.memory_mb as usize) << 20
+    }
+
+    /// What one emitted batch may hold.
+    pub fn batch_limits(&self) -> ccfleet::lineproto::BatchLimits {
+        ccfleet::lineproto::BatchLimits {
+            max_points: self.max_points as usize,
+            max_bytes: self.max_emit_bytes as usize,
+            max_line_len: self.max_line_bytes as usize,
+            max_tags: self.max_tags as usize,
+            max_fields: self.max_fields as usize,
+        }
     }
 }
 
@@ -218,6 +248,30 @@ mod tests {
             serde_json::from_str(r#"{"path":"p","capabilities":{"read-dirs":["/data"]}}"#).unwrap();
         let err = spec.validate().unwrap_err().to_string();
         assert!(err.contains("needs capabilities.wasi"), "{err}");
+    }
+
+    #[test]
+    fn granted_commands_parse_and_a_relative_one_is_refused() {
+        let spec: PluginSpec = serde_json::from_str(
+            r#"{"path":"p.wasm","capabilities":{"run":{
+                "sensors":{"path":"/usr/bin/ipmitool","args":["sensor"],"user":"nobody",
+                           "timeout":"2s","max-output-bytes":65536}}}}"#,
+        )
+        .unwrap();
+        spec.validate().unwrap();
+        let sensors = &spec.capabilities.run["sensors"];
+        assert_eq!(sensors.args, ["sensor"]);
+        assert_eq!(sensors.timeout, Duration::from_secs(2));
+        assert_eq!(sensors.max_output_bytes, 65536);
+        let spec: PluginSpec = serde_json::from_str(
+            r#"{"path":"p.wasm","capabilities":{"run":{"x":{"path":"ipmitool"}}}}"#,
+        )
+        .unwrap();
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("capabilities.run.x: path ipmitool must be an absolute path"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,13 +1,15 @@
-//! The data of one plugin's `Store` and the host side of its imports, `cc:fleet/host` and
-//! `cc:fleet/files`.
+//! The data of one plugin's `Store` and the host side of its imports, `cc:fleet/host`,
+//! `cc:fleet/files` and `cc:fleet/commands`, in both worlds the host serves (0.3 and 0.2).
 //!
 //! The imports are linked by hand rather than through the generated `Host` traits: the
 //! generated code copies every argument into host memory before the function runs, so a
 //! plugin's oversized `emit` or log line would be copied (or trap on wasmtime's host-call
 //! fuel) before any limit of ours could look at it. Here arguments arrive as views into the
-//! plugin's memory (`WasmList`, `WasmStr`): `emit` checks the number of points first and
-//! encodes the points from the plugin's memory under the batch's byte limit without copying
-//! them (`emit::PointView`), `log` checks the rate first and copies at most a capped message.
+//! plugin's memory (`WasmList`, `WasmStr`): `emit-lines` checks the batch's size first and
+//! then checks and copies its lines straight from the plugin's memory (`emit`), `emit` (the
+//! typed path of 0.2) checks the number of points first and encodes the points from the
+//! plugin's memory under the batch's byte limit without copying them (`emit::PointView`),
+//! `log` checks the rate first and copies at most a capped message.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -18,6 +20,8 @@ use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, ResourceTable, WasmList, WasmStr};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::bindings::cc::fleet::commands::Output as CommandOutput;
+use super::commands::{RunError, RunResult, StoreCommands};
 use super::emit::{Emitter, PointView};
 use super::events::{EventKind, EventSender, PluginEvent};
 use super::files::FileGrants;
@@ -27,10 +31,15 @@ use super::sink::Batch;
 use crate::plugin::types::Level;
 
 /// The version of the `cc:fleet` WIT package (`wit/fleet.wit`) the host implements.
-///
-/// Components built against an older 0.2 version still link: wasmtime resolves their
-/// `@0.2.0` imports to these semver-compatible ones, whose functions are a superset.
-pub(crate) const WIT_VERSION: &str = "0.2.1";
+pub(crate) const WIT_VERSION: &str = "0.3.0";
+
+/// The last version of the 0.2 line (`wit/0.2/fleet.wit`), which the host serves too:
+/// wasmtime resolves the `@0.2.0` imports of older components to these semver-compatible
+/// ones, whose functions are a superset.
+pub(crate) const WIT_VERSION_02: &str = "0.2.1";
+
+/// The longest command name `commands.run` looks at.
+const MAX_COMMAND_NAME: usize = 256;
 
 /// The message wasmtime gives when a host call copies more than its fuel allows.
 pub(crate) const HOSTCALL_FUEL_MESSAGE: &str = "fuel allocated for hostcalls has been exhausted";
@@ -44,6 +53,7 @@ pub(crate) struct HostState {
     pub events: EventSender,
     pub logs: LogGate,
     pub files: FileGrants,
+    pub commands: StoreCommands,
     /// When the current call must end; checked on every epoch tick.
     pub deadline: Instant,
     pub table: ResourceTable,
@@ -86,6 +96,22 @@ impl HostState {
         self.event(EventKind::Log { level, message });
     }
 
+    /// Reports a granted command that gave no output, within the plugin's log budget: the
+    /// plugin gets the message as its error, but an operator learns of a hanging tool or a
+    /// replaced executable without the plugin's help.
+    fn command_failed(&self, error: &RunError) {
+        let admission = self.logs.admit();
+        self.report_dropped(admission.report_dropped);
+        if admission.admit {
+            tracing::warn!(
+                plugin = &*self.plugin,
+                result = error.result.as_str(),
+                "granted command failed: {}",
+                Untrusted(&error.message)
+            );
+        }
+    }
+
     /// Hands an encoded batch of `points` points to the sink.
     fn send(&mut self, lines: Vec<u8>, points: usize) -> Result<(), String> {
         let bytes = lines.len();
@@ -118,11 +144,78 @@ impl HostState {
     }
 }
 
-/// Links `cc:fleet/types`, `cc:fleet/host` and `cc:fleet/files`.
+/// Links the interfaces of both worlds: `cc:fleet/types`, `cc:fleet/host` and
+/// `cc:fleet/files` of 0.2 and 0.3, and what 0.3 adds (`host.emit-lines`,
+/// `cc:fleet/commands`).
 pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
-    linker.instance(&format!("cc:fleet/types@{WIT_VERSION}"))?;
-
+    for version in [WIT_VERSION_02, WIT_VERSION] {
+        add_shared(linker, version)?;
+    }
     let mut host = linker.instance(&format!("cc:fleet/host@{WIT_VERSION}"))?;
+    host.func_wrap(
+        "emit-lines",
+        |store: StoreContextMut<'_, HostState>, (lines,): (WasmList<u8>,)| {
+            Ok((emit_lines(store, lines),))
+        },
+    )?;
+    let mut commands = linker.instance(&format!("cc:fleet/commands@{WIT_VERSION}"))?;
+    commands.func_wrap_async(
+        "run",
+        |store: StoreContextMut<'_, HostState>, (name,): (WasmStr,)| {
+            Box::new(run_command(store, name))
+        },
+    )?;
+    Ok(())
+}
+
+/// `commands.run`: the call's fiber is suspended while the command runs, so no runtime
+/// worker waits for it. The time it took is charged to the call's command time and not to
+/// its CPU deadline, which moves on by as much (see [`StoreCommands`]).
+async fn run_command(
+    mut store: StoreContextMut<'_, HostState>,
+    name: WasmStr,
+) -> wasmtime::Result<(Result<CommandOutput, String>,)> {
+    let (grants, left) = store.data().commands.begin();
+    // A name is short: a longer one is no grant, and is not copied.
+    let name = match name.to_str(&store) {
+        Ok(name) if name.len() > MAX_COMMAND_NAME => Err("the command name is too long"),
+        Ok(name) => Ok(name.into_owned()),
+        Err(_) => Err("the command name is not valid UTF-8"),
+    };
+    let name = match name {
+        Ok(name) => name,
+        Err(reason) => {
+            grants
+                .stats()
+                .record(RunResult::Refused, std::time::Duration::ZERO);
+            return Ok((Err(reason.to_owned()),));
+        }
+    };
+    let begun = Instant::now();
+    let result = grants.run_within(&name, Some(left)).await;
+    let took = begun.elapsed();
+    let state = store.data_mut();
+    state.commands.spent(took);
+    state.deadline += took;
+    let result = match result {
+        Ok(output) => Ok(CommandOutput {
+            status: output.status,
+            stdout: output.stdout,
+            stderr: output.stderr,
+        }),
+        Err(error) => {
+            state.command_failed(&error);
+            Err(error.message)
+        }
+    };
+    Ok((result,))
+}
+
+/// Links what both worlds have, under `version`.
+fn add_shared(linker: &mut Linker<HostState>, version: &str) -> wasmtime::Result<()> {
+    linker.instance(&format!("cc:fleet/types@{version}"))?;
+
+    let mut host = linker.instance(&format!("cc:fleet/host@{version}"))?;
     host.func_wrap(
         "log",
         |store: StoreContextMut<'_, HostState>, (level, message): (Level, WasmStr)| {
@@ -140,7 +233,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
         Ok((ccfleet::wire::now_ns(),))
     })?;
 
-    let mut files = linker.instance(&format!("cc:fleet/files@{WIT_VERSION}"))?;
+    let mut files = linker.instance(&format!("cc:fleet/files@{version}"))?;
     files.func_wrap(
         "read",
         |store: StoreContextMut<'_, HostState>, (path,): (WasmStr,)| {
@@ -202,6 +295,24 @@ fn emit(
         }
     };
     Ok(outcome.map_err(|reason| store.data().emit_refused(reason)))
+}
+
+/// `host.emit-lines`: the batch is checked and copied straight from the plugin's memory
+/// (see `emit::Emitter::check_lines`); a refusal is the plugin's error, never a trap.
+fn emit_lines(
+    mut store: StoreContextMut<'_, HostState>,
+    lines: WasmList<u8>,
+) -> Result<(), String> {
+    let outcome = match Emitter::check_lines(&mut store, &lines, ccfleet::wire::now_ns) {
+        // A full or closed sink counts the points itself.
+        Ok((lines, points)) if points > 0 => store.data_mut().send(lines, points),
+        Ok(_) => Ok(()),
+        Err((reason, points)) => {
+            store.data().emitter.sink.count_refused(points);
+            Err(reason)
+        }
+    };
+    outcome.map_err(|reason| store.data().emit_refused(reason))
 }
 
 fn with_path<R>(

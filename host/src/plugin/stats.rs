@@ -1,12 +1,15 @@
 //! Counters of one plugin for monitoring: calls and their latency, restarts, quarantines,
-//! points emitted and dropped.
+//! points emitted and dropped, granted commands run.
 //!
 //! Unlike [`events`](super::events), which are lossy, these counters count everything: they
 //! are plain atomics, updated by the plugin's supervisor and its emit path and read at any
 //! time through [`PluginHandle::stats`](super::PluginHandle::stats).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use super::commands::{CommandSnapshot, CommandStats};
 
 /// The exported functions whose calls are counted, in the order of [`PluginStats::calls`].
 pub const CALLS: [&str; 5] = ["init", "on-config", "on-roster", "on-instances", "collect"];
@@ -70,6 +73,8 @@ pub struct PluginStats {
     points_refused: AtomicU64,
     points_sink_full: AtomicU64,
     points_sink_closed: AtomicU64,
+    /// Shared with the plugin's command runner, which counts its runs there.
+    commands: Arc<CommandStats>,
 }
 
 /// A copy of a plugin's counters.
@@ -89,6 +94,8 @@ pub struct StatsSnapshot {
     pub points_sink_full: u64,
     /// Points dropped because the sink had shut down.
     pub points_sink_closed: u64,
+    /// Granted commands run, by result.
+    pub commands: CommandSnapshot,
 }
 
 fn get(c: &AtomicU64) -> u64 {
@@ -150,6 +157,11 @@ impl PluginStats {
         add(&self.points_sink_closed, points as u64);
     }
 
+    /// The counters of the plugin's granted commands.
+    pub fn commands(&self) -> &Arc<CommandStats> {
+        &self.commands
+    }
+
     /// The counters now (each read on its own: a snapshot taken during a call may count its
     /// outcome but not yet its latency).
     pub fn snapshot(&self) -> StatsSnapshot {
@@ -171,6 +183,7 @@ impl PluginStats {
             points_refused: get(&self.points_refused),
             points_sink_full: get(&self.points_sink_full),
             points_sink_closed: get(&self.points_sink_closed),
+            commands: self.commands.snapshot(),
         }
     }
 }

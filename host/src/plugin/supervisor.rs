@@ -23,6 +23,7 @@ use tokio::time::{Interval, MissedTickBehavior};
 
 use ccfleet::untrusted::Untrusted;
 
+use super::commands::CommandGrants;
 use super::engine::{FileStamp, LoadedPlugin, Runtime};
 use super::events::{EventKind, PluginEvent};
 use super::feeds::Feeds;
@@ -74,6 +75,7 @@ fn spawn(runtime: Runtime, spec: PluginSpec, feeds: Feeds, sink: SinkHandle) -> 
         withheld: Vec::new(),
         stats: stats.clone(),
         failing: Vec::new(),
+        commands: Arc::new(CommandGrants::none(stats.commands().clone())),
     };
     let task = tokio::spawn(supervisor.run());
     PluginHandle::new(name, status, stop, task, stats)
@@ -140,6 +142,9 @@ struct Supervisor {
     /// way round after round (a collector on a node without its hardware) is logged once,
     /// then again when its error changes, and its recovery is logged too.
     failing: Vec<(&'static str, String)>,
+    /// The commands the plugin may run, opened whenever its file is (re)loaded and shared
+    /// by the instances of that version.
+    commands: Arc<CommandGrants>,
 }
 
 impl Supervisor {
@@ -190,6 +195,7 @@ impl Supervisor {
                 self.generation,
                 self.sink.clone(),
                 self.logs.clone(),
+                self.commands.clone(),
             )
             .await;
             // Instantiation and `init` count as the `init` call.
@@ -221,6 +227,7 @@ impl Supervisor {
                     self.policy.reset();
                     // A new version's failures are news.
                     self.failing.clear();
+                    self.open_commands().await;
                     self.status
                         .send_modify(|s| s.hash = Some(next.hash.clone()));
                     loaded = Some(next);
@@ -287,6 +294,7 @@ impl Supervisor {
             self.seen_stamp = FileStamp::of(&self.spec.path);
             match self.runtime.load(&self.spec).await {
                 Ok(loaded) => {
+                    self.open_commands().await;
                     self.event(EventKind::Loaded {
                         hash: loaded.hash.clone(),
                         cached: loaded.cached,
@@ -307,6 +315,35 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// Checks and opens the plugin's granted commands (`capabilities.run`), logging those
+    /// that cannot be run; off the runtime's workers, as looking a user up may ask a
+    /// directory service.
+    async fn open_commands(&mut self) {
+        let stats = self.stats.commands().clone();
+        let run = &self.spec.capabilities.run;
+        if run.is_empty() {
+            self.commands = Arc::new(CommandGrants::none(stats));
+            return;
+        }
+        let (run, counted) = (run.clone(), stats.clone());
+        let opened =
+            match tokio::task::spawn_blocking(move || CommandGrants::open(&run, counted)).await {
+                Ok(opened) => opened,
+                Err(e) => {
+                    tracing::error!(plugin = &*self.name, "cannot open granted commands: {e}");
+                    CommandGrants::none(stats)
+                }
+            };
+        for (command, why) in opened.unusable() {
+            tracing::error!(
+                plugin = &*self.name,
+                command,
+                "granted command cannot be run: {why}"
+            );
+        }
+        self.commands = Arc::new(opened);
     }
 
     /// Waits until the plugin file changes, the plugin is stopped, or `limit` passes.

@@ -98,7 +98,9 @@ pub const CATCH_UP_WAIT: Duration = Duration::from_secs(2);
 /// How long the bucket watch may deliver nothing before the bucket is asked whether it moved
 /// on; a watch found behind at two such looks in a row is replaced (see `watch_task`).
 pub const WATCH_CHECK_INTERVAL: Duration = Duration::from_secs(5);
-/// How long start-up waits for JetStream to answer before it gives up.
+/// How long start-up waits for JetStream to answer before it gives up, at each of its
+/// steps (opening the bucket, loading it): a cluster that restarts with its fleet servers,
+/// or loses a node while one starts, answers 503 or times out while it elects leaders.
 pub const OPEN_WAIT: Duration = Duration::from_secs(30);
 /// How long a JetStream request or write waits for its answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
@@ -432,21 +434,10 @@ impl JetStreamStore {
         client: async_nats::Client,
         settings: JetStreamSettings,
     ) -> Result<JetStreamStore, RegistryError> {
-        let deadline = tokio::time::Instant::now() + OPEN_WAIT;
-        let mut logged = false;
-        let kv = loop {
-            match bucket(&client, &settings, true).await {
-                Ok(kv) => break kv,
-                Err(e) if tokio::time::Instant::now() < deadline => {
-                    if !logged {
-                        tracing::warn!("fleet registry: waiting for JetStream: {e}");
-                        logged = true;
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let kv = retry_unavailable("opening the bucket", OPEN_WAIT, || {
+            bucket(&client, &settings, true)
+        })
+        .await?;
         Ok(JetStreamStore::with_bucket(client, kv, settings))
     }
 
@@ -707,43 +698,11 @@ pub enum CopyOutcome {
 impl RegistryStore for JetStreamStore {
     fn load(&mut self) -> Result<Vec<StoredService>, RegistryError> {
         let kv = self.kv.clone();
-        let (entries, watch) = self.rt.block_on(async move {
-            count(1);
-            let info = kv
-                .stream
-                .get_info()
-                .await
-                .map_err(|e| unavailable("reading the bucket's state", e))?;
-            count(1);
-            let mut watch = kv
-                .watch_with_history(">")
-                .await
-                .map_err(|e| unavailable("watching the bucket", e))?;
-            let mut entries = Vec::new();
-            if info.state.messages > 0 {
-                loop {
-                    let next = tokio::time::timeout(Duration::from_secs(30), watch.next())
-                        .await
-                        .map_err(|_| {
-                            RegistryError::new(
-                                RegistryErrorKind::Unavailable,
-                                "JetStream: the bucket's contents did not arrive within 30 s",
-                            )
-                        })?;
-                    let entry = match next {
-                        Some(Ok(entry)) => entry,
-                        Some(Err(e)) => return Err(unavailable("loading the bucket", e)),
-                        None => break,
-                    };
-                    let last = entry.delta == 0;
-                    entries.push(entry);
-                    if last {
-                        break;
-                    }
-                }
-            }
-            Ok::<_, RegistryError>((entries, watch))
-        })?;
+        let (entries, watch) =
+            self.rt
+                .block_on(retry_unavailable("loading the bucket", OPEN_WAIT, || {
+                    load_entries(kv.clone())
+                }))?;
         let mut stored = Vec::new();
         let mut newest = 0;
         for entry in entries {
@@ -955,6 +914,91 @@ impl JetStreamStore {
             let _ = tokio::time::timeout(CATCH_UP_WAIT, received.wait_for(|&r| r >= last)).await;
         });
         self.fold_inbox();
+    }
+}
+
+/// The latest entry of every key and the watch that continues after them: one attempt.
+async fn load_entries(kv: kv::Store) -> Result<(Vec<kv::Entry>, kv::Watch), RegistryError> {
+    count(1);
+    let info = kv
+        .stream
+        .get_info()
+        .await
+        .map_err(|e| unavailable("reading the bucket's state", e))?;
+    count(1);
+    let mut watch = kv
+        .watch_with_history(">")
+        .await
+        .map_err(|e| unavailable("watching the bucket", e))?;
+    let mut entries = Vec::new();
+    if info.state.messages > 0 {
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(30), watch.next())
+                .await
+                .map_err(|_| {
+                    RegistryError::new(
+                        RegistryErrorKind::Unavailable,
+                        "JetStream: the bucket's contents did not arrive within 30 s",
+                    )
+                })?;
+            let entry = match next {
+                Some(Ok(entry)) => entry,
+                Some(Err(e)) => return Err(unavailable("loading the bucket", e)),
+                None => break,
+            };
+            let last = entry.delta == 0;
+            entries.push(entry);
+            if last {
+                break;
+            }
+        }
+    }
+    Ok((entries, watch))
+}
+
+/// Runs `attempt` until it succeeds, for at most `wait`: a failure of kind
+/// [`Unavailable`](RegistryErrorKind::Unavailable) (JetStream answering 503 while it elects
+/// leaders, a request timing out while a node restarts) is retried with a growing pause
+/// (0.25 s doubling up to 4 s), logged once when the waiting starts and once when it ends.
+/// Other failures, and the last one after `wait`, are returned.
+async fn retry_unavailable<T, F, Fut>(
+    what: &str,
+    wait: Duration,
+    mut attempt: F,
+) -> Result<T, RegistryError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, RegistryError>>,
+{
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut pause = Duration::from_millis(250);
+    let mut failed = 0u32;
+    loop {
+        match attempt().await {
+            Ok(value) => {
+                if failed > 0 {
+                    tracing::info!(
+                        "fleet registry: {what} succeeded after {failed} failed attempt(s)"
+                    );
+                }
+                return Ok(value);
+            }
+            Err(e)
+                if e.kind() == RegistryErrorKind::Unavailable
+                    && tokio::time::Instant::now() + pause < deadline =>
+            {
+                failed += 1;
+                if failed == 1 {
+                    tracing::warn!(
+                        "fleet registry: {what} failed, retrying for up to {}: {e}",
+                        crate::duration::format(wait)
+                    );
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(4));
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -22,6 +22,7 @@
 
 mod index;
 pub mod jetstream;
+pub mod lock;
 mod sqlite;
 mod sqlite_last_seen;
 
@@ -31,6 +32,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use super::error::{RegistryError, RegistryErrorKind};
+pub use lock::DatabaseLock;
 pub use sqlite::{JOURNAL_SIZE_LIMIT, SqliteStore};
 
 use crate::wire::{Scope, ServiceType};
@@ -152,6 +154,11 @@ pub struct BatchOutcome {
     pub applied: Vec<bool>,
     /// How many instances became `active` from `pending` or `stale`.
     pub activated: usize,
+    /// Positions of heartbeats (not applied) whose instance this server does not know and
+    /// could not look up: it has not caught up with a store shared with other servers (see
+    /// [`Registry::set_catch_up`]). They are neither applied nor unknown; their sender should
+    /// try again.
+    pub undecided: Vec<usize>,
 }
 
 /// Parses an instance id (exactly 32 lowercase hex characters) into its 128-bit value.
@@ -486,7 +493,9 @@ impl Registry {
     /// [`flush_last_seen`](Registry::flush_last_seen). A time never moves backwards.
     ///
     /// With a shared store, ids this server does not know yet get a second try once the
-    /// index caught up with the store (see [`Registry::set_catch_up`]).
+    /// index caught up with the store (see [`Registry::set_catch_up`]); when it could not
+    /// catch up, those still unknown are reported as [`BatchOutcome::undecided`], never as
+    /// unknown.
     pub async fn heartbeat_batch(
         &self,
         beats: Vec<(u128, i64)>,
@@ -512,9 +521,10 @@ impl Registry {
             let unknown = retry.iter().any(|&i| !index.knows(copy[i].0));
             (retry, unknown)
         };
-        if retry.is_empty() || (unknown && !self.catch_up().await) {
+        if retry.is_empty() {
             return Ok(outcome);
         }
+        let caught_up = !unknown || self.catch_up().await;
         let again = self
             .heartbeat_batch_once(retry.iter().map(|&i| copy[i]).collect())
             .await?;
@@ -522,6 +532,15 @@ impl Registry {
             outcome.applied[i] = applied;
         }
         outcome.activated += again.activated;
+        if !caught_up {
+            // Still unknown although another server may have registered it: the index
+            // cannot tell, so neither can this answer.
+            let index = self.index();
+            outcome.undecided = retry
+                .into_iter()
+                .filter(|&i| !outcome.applied[i] && !index.knows(copy[i].0))
+                .collect();
+        }
         Ok(outcome)
     }
 
@@ -548,6 +567,7 @@ impl Registry {
             return Ok(BatchOutcome {
                 applied,
                 activated: 0,
+                undecided: Vec::new(),
             });
         }
         let activated = self
@@ -582,7 +602,11 @@ impl Registry {
                 Ok(activated)
             })
             .await?;
-        Ok(BatchOutcome { applied, activated })
+        Ok(BatchOutcome {
+            applied,
+            activated,
+            undecided: Vec::new(),
+        })
     }
 
     /// Writes the last-seen times kept in memory since the previous flush in one store
@@ -611,7 +635,9 @@ impl Registry {
     }
 
     /// Applies one heartbeat; `Ok(None)` when the id is unknown or deregistered, else
-    /// whether the instance just became `active`.
+    /// whether the instance just became `active`. An id this server does not know while it
+    /// cannot catch up with a shared store is an error of kind
+    /// [`Behind`](RegistryErrorKind::Behind), not `None`.
     pub async fn heartbeat(&self, instance_id: &str) -> Result<Option<bool>, RegistryError> {
         let Some(instance) = parse_instance_id(instance_id) else {
             return Ok(None);
@@ -619,20 +645,27 @@ impl Registry {
         let outcome = self
             .heartbeat_batch(vec![(instance, unix_seconds())])
             .await?;
+        if !outcome.undecided.is_empty() {
+            return Err(RegistryError::behind());
+        }
         Ok(outcome.applied[0].then_some(outcome.activated > 0))
     }
 
     /// Marks an instance `deregistered`. Returns whether a live instance was terminated;
-    /// unknown and already deregistered ids are not an error.
+    /// unknown and already deregistered ids are not an error. An id this server does not
+    /// know while it cannot catch up with a shared store is an error of kind
+    /// [`Behind`](RegistryErrorKind::Behind): it may be live, and was not deregistered.
     pub async fn deregister(&self, instance_id: &str) -> Result<bool, RegistryError> {
         let Some(instance) = parse_instance_id(instance_id) else {
             return Ok(false);
         };
-        self.catch_up_with(instance).await;
+        let caught_up = self.catch_up_with(instance).await;
         self.with_store(move |shared, store| {
             let key = match shared.index().state_of(instance) {
                 Some((key, state)) if state != State::Deregistered => key,
-                _ => return Ok(false),
+                Some(_) => return Ok(false),
+                None if caught_up => return Ok(false),
+                None => return Err(RegistryError::behind()),
             };
             shared.writes.record(store.deregister(key))?;
             shared.index_mut().set_state(key, State::Deregistered);
@@ -728,18 +761,29 @@ impl Registry {
         }
     }
 
-    async fn catch_up_with(&self, instance: u128) {
+    /// Waits for the index to catch up if it does not know `instance` and the store is
+    /// shared; `false` when it does not know it and could not catch up.
+    async fn catch_up_with(&self, instance: u128) -> bool {
         if self.shared.catch_up.get().is_some() && !self.index().knows(instance) {
-            self.catch_up().await;
+            return self.catch_up().await;
         }
+        true
     }
 
     /// [`lookup`](Registry::lookup) that, for an id this server does not know, first waits
-    /// for the index to catch up with a shared store.
-    pub async fn lookup_fresh(&self, instance_id: &str) -> Option<Service> {
-        let instance = parse_instance_id(instance_id)?;
-        self.catch_up_with(instance).await;
-        self.lookup(instance_id)
+    /// for the index to catch up with a shared store. `Ok(None)` only when the id is
+    /// unknown to an index that caught up; an error of kind
+    /// [`Behind`](RegistryErrorKind::Behind) when the index does not know it and could not
+    /// catch up.
+    pub async fn lookup_fresh(&self, instance_id: &str) -> Result<Option<Service>, RegistryError> {
+        let Some(instance) = parse_instance_id(instance_id) else {
+            return Ok(None);
+        };
+        let caught_up = self.catch_up_with(instance).await;
+        match self.lookup(instance_id) {
+            None if !caught_up => Err(RegistryError::behind()),
+            found => Ok(found),
+        }
     }
 
     /// Takes over the changes other servers made to a shared store
@@ -1071,6 +1115,50 @@ mod tests {
         fn probe(&mut self) -> Result<(), RegistryError> {
             self.sync().probe()
         }
+    }
+
+    #[tokio::test]
+    async fn an_instance_unknown_while_the_shared_store_cannot_be_caught_up_with_is_undecided() {
+        let r = Registry::open(None).unwrap();
+        let caught_up = Arc::new(AtomicBool::new(false));
+        let flag = caught_up.clone();
+        r.set_catch_up(Arc::new(move || {
+            let answer = flag.load(Relaxed);
+            Box::pin(async move { answer })
+        }));
+        let known = r.register(reg("f0101")).await.unwrap().instance_id;
+        // Registered through another server a moment ago, as far as this one can tell.
+        let elsewhere = format_instance_id(42);
+
+        let e = r.heartbeat(&elsewhere).await.unwrap_err();
+        assert_eq!(e.kind(), RegistryErrorKind::Behind);
+        let e = r.lookup_fresh(&elsewhere).await.unwrap_err();
+        assert_eq!(e.kind(), RegistryErrorKind::Behind);
+        let e = r.deregister(&elsewhere).await.unwrap_err();
+        assert_eq!(e.kind(), RegistryErrorKind::Behind);
+        let id = parse_instance_id(&elsewhere).unwrap();
+        let known_id = parse_instance_id(&known).unwrap();
+        let outcome = r
+            .heartbeat_batch(vec![(known_id, 5), (id, 5), (known_id + 1, 5)])
+            .await
+            .unwrap();
+        assert_eq!(outcome.applied, [true, false, false]);
+        assert_eq!(outcome.undecided, [1, 2]);
+
+        // What this server knows is answered as before.
+        assert_eq!(r.heartbeat(&known).await.unwrap(), Some(false));
+        assert!(r.lookup_fresh(&known).await.unwrap().is_some());
+        assert!(r.deregister(&known).await.unwrap());
+        assert!(!r.deregister(&known).await.unwrap());
+        assert_eq!(r.heartbeat(&known).await.unwrap(), None);
+
+        // Once caught up, an id it still does not know is unknown.
+        caught_up.store(true, Relaxed);
+        assert_eq!(r.heartbeat(&elsewhere).await.unwrap(), None);
+        assert_eq!(r.lookup_fresh(&elsewhere).await.unwrap(), None);
+        assert!(!r.deregister(&elsewhere).await.unwrap());
+        let outcome = r.heartbeat_batch(vec![(id, 5)]).await.unwrap();
+        assert_eq!((outcome.applied, outcome.undecided), (vec![false], vec![]));
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! A hostile test plugin: on every `collect` it emits one batch whose size its own
-//! configuration sets, `{"points": N, "text-bytes": M}` (a string field of M bytes per point).
+//! configuration sets, `{"points": N, "text-bytes": M}` (a string field of M bytes per point),
+//! as line protocol (`emit-lines`), or with `"typed": 1` through the typed `emit` of 0.2.
 #![no_std]
 
 extern crate alloc;
@@ -11,6 +12,7 @@ use ccfleet_guest::{FieldValue, Level, Plugin, Point, emit, log};
 struct OversizedEmit {
     points: usize,
     text_bytes: usize,
+    typed: bool,
 }
 
 /// Reads the unsigned number after `"key":` in a flat JSON object; `None` when absent.
@@ -31,6 +33,7 @@ impl Plugin for OversizedEmit {
         Ok(OversizedEmit {
             points: number(config, "points").unwrap_or(100_000),
             text_bytes: number(config, "text-bytes").unwrap_or(0),
+            typed: number(config, "typed").unwrap_or(0) != 0,
         })
     }
 
@@ -49,7 +52,12 @@ impl Plugin for OversizedEmit {
                 }
             })
             .collect();
-        if let Err(refused) = emit(&batch) {
+        let emitted = if self.typed {
+            ccfleet_guest::bindings::cc::fleet::host::emit(&batch)
+        } else {
+            emit(&batch)
+        };
+        if let Err(refused) = emitted {
             log!(
                 Level::Warn,
                 "emit of {} points refused: {}",

@@ -15,6 +15,29 @@ use anyhow::{Context as _, bail};
 const SDK_LIB: &str = include_str!("../../../../guest/sdk/src/lib.rs");
 const SDK_PANIC: &str = include_str!("../../../../guest/sdk/src/panic.rs");
 const SDK_ALLOC: &str = include_str!("../../../../guest/sdk/src/alloc_classes.rs");
+const SDK_COMMANDS: &str = include_str!("../../../../guest/sdk/src/commands.rs");
+const SDK_LINES: &str = include_str!("../../../../guest/sdk/src/lines.rs");
+const SDK_LINEPROTO: &str = include_str!("../../../../guest/sdk/src/lineproto.rs");
+/// The encoder's files, which the SDK compiles from the host crate's sources (`#[path]`);
+/// a scaffold gets them as the SDK's own `lineproto/` module files.
+const SHARED_ENCODER: [(&str, &str); 4] = [
+    (
+        "encoder.rs",
+        include_str!("../../../../src/lineproto/encoder.rs"),
+    ),
+    (
+        "format.rs",
+        include_str!("../../../../src/lineproto/format.rs"),
+    ),
+    (
+        "precision.rs",
+        include_str!("../../../../src/lineproto/precision.rs"),
+    ),
+    (
+        "table.rs",
+        include_str!("../../../../src/lineproto/table.rs"),
+    ),
+];
 const SDK_WIT: &str = include_str!("../../../../wit/fleet.wit");
 /// The guest workspace's lock file: the versions the SDK is tested with.
 const LOCK: &str = include_str!("../../../../guest/Cargo.lock");
@@ -97,7 +120,7 @@ fn type_name(name: &str) -> String {
 }
 
 /// The crate's files: (path inside the crate, contents).
-fn files(name: &str, links_std: bool) -> Vec<(&'static Path, String)> {
+fn files(name: &str, links_std: bool) -> Vec<(PathBuf, String)> {
     let fill = |template: &str| {
         template
             .replace("{name}", name)
@@ -105,7 +128,7 @@ fn files(name: &str, links_std: bool) -> Vec<(&'static Path, String)> {
             .replace("{sdk_feature}", if links_std { "std" } else { "rt" })
             .replace("{run_flags}", if links_std { "--wasi " } else { "" })
     };
-    vec![
+    let files: Vec<(&Path, String)> = vec![
         (Path::new("Cargo.toml"), fill(PLUGIN_MANIFEST)),
         (Path::new("Cargo.lock"), LOCK.to_owned()),
         (
@@ -127,8 +150,41 @@ fn files(name: &str, links_std: bool) -> Vec<(&'static Path, String)> {
             Path::new("ccfleet-guest/src/alloc_classes.rs"),
             SDK_ALLOC.to_owned(),
         ),
+        (
+            Path::new("ccfleet-guest/src/commands.rs"),
+            SDK_COMMANDS.to_owned(),
+        ),
+        (
+            Path::new("ccfleet-guest/src/lines.rs"),
+            SDK_LINES.to_owned(),
+        ),
+        (
+            Path::new("ccfleet-guest/src/lineproto.rs"),
+            scaffold_lineproto(),
+        ),
         (Path::new("ccfleet-guest/wit/fleet.wit"), SDK_WIT.to_owned()),
-    ]
+    ];
+    let mut files: Vec<(PathBuf, String)> = files
+        .into_iter()
+        .map(|(path, text)| (path.to_path_buf(), text))
+        .collect();
+    for (name, text) in SHARED_ENCODER {
+        files.push((
+            Path::new("ccfleet-guest/src/lineproto").join(name),
+            text.to_owned(),
+        ));
+    }
+    files
+}
+
+/// The SDK's `lineproto` module for a scaffold: its files sit beside it in `lineproto/`, so
+/// the `#[path]` attributes that point into this repository are dropped.
+fn scaffold_lineproto() -> String {
+    SDK_LINEPROTO
+        .lines()
+        .filter(|line| !line.starts_with("#[path = \"../../../src/lineproto/"))
+        .map(|line| format!("{line}\n"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -162,6 +218,13 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
+        // ... and every file the SDK's `lineproto` module compiles from the host crate.
+        let lineproto = std::fs::read_to_string(sdk.join("lineproto.rs")).unwrap();
+        for line in lineproto.lines() {
+            if let Some(path) = line.strip_prefix("#[path = \"../../../src/") {
+                on_disk.push(path.trim_end_matches("\"]").to_owned());
+            }
+        }
         on_disk.sort();
         for std in [false, true] {
             let files = files("my-plugin", std);

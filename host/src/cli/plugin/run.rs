@@ -28,6 +28,10 @@ pub struct Args {
     /// Serve the granted files from this directory of fixtures (`capabilities.files-root`).
     #[arg(long, value_name = "DIR")]
     files_root: Option<PathBuf>,
+    /// Grant the mount table and per-mount statistics (`capabilities.mount-info`), for
+    /// `diskstat` and `nfsiostat`.
+    #[arg(long)]
+    mount_info: bool,
     /// Grant WASI (needed by plugins that link std).
     #[arg(long)]
     wasi: bool,
@@ -86,6 +90,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     spec.capabilities.read_files = args.read;
     spec.capabilities.files_root = args.files_root;
     spec.capabilities.wasi = args.wasi;
+    spec.capabilities.mount_info = args.mount_info;
     let loaded = match runtime.load(&spec).await {
         Ok(loaded) => loaded,
         Err(error @ ccfleet_host::HostError::WasiNotGranted { .. }) => {

@@ -1,0 +1,154 @@
+//! Every collector over damaged files: each file of a recorded round cut at every length and
+//! with bytes replaced, collected twice. A round may fail with a message; none may panic,
+//! and a round over the intact files after damage must succeed again.
+
+use alloc::collections::BTreeMap;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+use crate::{Collector, Files, FsStats, Sample};
+
+/// Files held in memory; directories are what the paths imply.
+#[derive(Clone, Default)]
+struct Memory(BTreeMap<String, String>);
+
+impl Files for Memory {
+    fn read(&mut self, path: &str) -> Result<String, String> {
+        self.0
+            .get(path)
+            .cloned()
+            .ok_or_else(|| "missing".to_string())
+    }
+
+    fn list_dir(&mut self, path: &str) -> Result<Vec<String>, String> {
+        let prefix = alloc::format!("{path}/");
+        let mut names: Vec<String> = self
+            .0
+            .keys()
+            .filter_map(|k| k.strip_prefix(prefix.as_str()))
+            .map(|rest| rest.split('/').next().unwrap_or_default().to_string())
+            .collect();
+        names.dedup();
+        if names.is_empty() {
+            return Err("missing".to_string());
+        }
+        Ok(names)
+    }
+
+    fn statvfs(&mut self, path: &str) -> Result<FsStats, String> {
+        if path.is_empty() {
+            return Err("missing".to_string());
+        }
+        Ok(FsStats {
+            block_size: 4096,
+            blocks: 1 << 24,
+            blocks_free: 1 << 23,
+            blocks_available: 1 << 22,
+        })
+    }
+}
+
+macro_rules! fixture {
+    ($($path:literal),* $(,)?) => {
+        [$(($path, include_str!(concat!("../../../host/tests/fixtures/hpc/round2", $path)))),*]
+    };
+}
+
+fn files() -> Memory {
+    let all = fixture!(
+        "/proc/net/rpc/nfs",
+        "/proc/self/mounts",
+        "/proc/self/mountstats",
+        "/proc/schedstat",
+        "/sys/class/infiniband/mlx5_0/ports/1/lid",
+        "/sys/class/infiniband/mlx5_0/ports/1/counters/port_rcv_data",
+        "/sys/class/infiniband/mlx5_0/ports/1/counters/port_xmit_data",
+        "/sys/class/infiniband/mlx5_0/ports/1/counters/port_rcv_packets",
+        "/sys/class/infiniband/mlx5_0/ports/1/counters/port_xmit_packets",
+        "/sys/devices/virtual/powercap/intel-rapl/intel-rapl:0/name",
+        "/sys/devices/virtual/powercap/intel-rapl/intel-rapl:0/energy_uj",
+        "/sys/devices/virtual/powercap/intel-rapl/intel-rapl:0/max_energy_range_uj",
+        "/sys/devices/virtual/powercap/intel-rapl/intel-rapl:0/intel-rapl:0:0/name",
+        "/sys/devices/virtual/powercap/intel-rapl/intel-rapl:0/intel-rapl:0:0/energy_uj",
+        "/sys/devices/virtual/powercap/intel-rapl/intel-rapl:0/intel-rapl:0:0/max_energy_range_uj",
+        "/sys/devices/system/cpu/online",
+        "/sys/fs/cgroup/cgroup.controllers",
+        "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_4711/memory.current",
+        "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_4711/memory.peak",
+        "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_4711/memory.max",
+        "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_4711/cpu.stat",
+        "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_4711/cpuset.cpus",
+    );
+    Memory(
+        all.iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect(),
+    )
+}
+
+fn collectors() -> Vec<alloc::boxed::Box<dyn Collector>> {
+    use alloc::boxed::Box;
+    alloc::vec![
+        Box::new(crate::nfsstat::Nfs3stat::default()),
+        Box::new(crate::nfsstat::Nfs4stat::default()),
+        Box::new(crate::nfsiostat::Nfsiostat::new(crate::nfsiostat::Config {
+            send_derived_values: true,
+            ..Default::default()
+        })),
+        Box::new(crate::schedstat::Schedstat::new()),
+        Box::new(crate::ibstat::Ibstat::new(crate::ibstat::Config {
+            send_derived_values: true,
+            send_total_values: true,
+            ..Default::default()
+        })),
+        Box::new(crate::rapl::Rapl::default()),
+        Box::new(crate::slurm_cgroup::SlurmCgroup::default()),
+        Box::new(crate::diskstat::Diskstat::default()),
+    ]
+}
+
+/// Damaged versions of `text`: cut at every length (up to a bound) and with a byte at each
+/// position replaced by characters that break numbers and fields.
+fn damaged(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let step = (text.len() / 40).max(1);
+    for cut in (0..text.len()).step_by(step) {
+        if text.is_char_boundary(cut) {
+            out.push(String::from(&text[..cut]));
+        }
+    }
+    for at in (0..text.len()).step_by(step) {
+        for replacement in ["x", "\n", "99999999999999999999999"] {
+            if text.is_char_boundary(at) && text.is_char_boundary(at + 1) {
+                let mut s = String::from(&text[..at]);
+                s.push_str(replacement);
+                s.push_str(&text[at + 1..]);
+                out.push(s);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn damaged_files_fail_a_round_at_most_and_never_panic() {
+    let good = files();
+    for (path, text) in good.0.clone() {
+        for broken in damaged(&text) {
+            for mut collector in collectors() {
+                let mut files = good.clone();
+                let mut out: Vec<Sample> = Vec::new();
+                collector
+                    .collect(&mut files, 1_000_000_000, &mut out)
+                    .unwrap_or_else(|e| panic!("{}: intact round: {e}", collector.name()));
+                files.0.insert(path.clone(), broken.clone());
+                let _ = collector.collect(&mut files, 2_000_000_000, &mut out);
+                let _ = collector.collect(&mut files, 3_000_000_000, &mut out);
+                let mut files = good.clone();
+                collector
+                    .collect(&mut files, 4_000_000_000, &mut out)
+                    .unwrap_or_else(|e| panic!("{}: recovery after {path}: {e}", collector.name()));
+            }
+        }
+    }
+}
