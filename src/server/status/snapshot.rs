@@ -15,7 +15,7 @@ use super::super::registry::{State, StoredService};
 use super::super::roster::build_rosters;
 use super::plugins::{PluginRef, RevisionPlugins};
 use crate::untrusted::Untrusted;
-use crate::wire::{Provider, Scope, ServiceType};
+use crate::wire::{Provider, ServiceType};
 
 /// The states the view lists, in lifecycle order.
 pub const LISTED_STATES: [State; 3] = [State::Pending, State::Active, State::Stale];
@@ -271,6 +271,7 @@ mod tests {
 
     use super::*;
     use crate::server::registry::Service;
+    use crate::wire::Scope;
 
     fn stored(
         instance: u128,
