@@ -43,7 +43,7 @@ fn main() -> ExitCode {
             return report(
                 format,
                 &anyhow::Error::new(err).context("cannot start the runtime"),
-            )
+            );
         }
     };
     match runtime.block_on(cli::run(cli)) {
