@@ -20,13 +20,15 @@
 # Prints one line per collect interval and process (seconds, CPU seconds, RSS in KiB) and a
 # summary per process:
 # - CPU per collect round in ms over the second half of the run (steady state) and its share
-#   of one core, and the CPU taken in the first two seconds (start-up);
+#   of one core, and the CPU taken in the first two seconds (start-up and the first one or
+#   two rounds), in clock ticks and, to the nanosecond, as the threads alive then count it;
 # - the peak resident memory (VmHWM) and, at the end, the resident memory split into
 #   anonymous memory (with its transparent huge pages), file pages and shared memory;
 # - for the agent, the resident memory at the end by kind of mapping (smaps): the binary,
-#   other files, JIT code (anonymous executable), linear memories (anonymous mappings of 1 GiB
-#   or more reserve whole wasm memories with their guards), the memory images of
-#   components (memfd), thread stacks and the rest of the anonymous memory (the heap).
+#   the compiled components (mapped from the compile cache), other files, JIT code
+#   (anonymous executable), linear memories (anonymous mappings of 1 GiB or more reserve
+#   whole wasm memories with their guards), the memory images of components (memfd), thread
+#   stacks and the rest of the anonymous memory (the heap).
 #
 # Set CCFLEET_BIN to an already built `ccfleet`; otherwise a release build is made. The
 # components come from scripts/build-guests.sh (guest/target/components), or from the
@@ -138,6 +140,9 @@ if [ -n "$PEER" ]; then
 fi
 
 TICK=$(getconf CLK_TCK)
+# CPU time of the live threads in ns (the first field of each thread's schedstat): the
+# start-up figure to the nanosecond, where utime + stime count whole clock ticks.
+thread_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'; }
 cpu_seconds() { # pid: utime + stime, fields 14 and 15, counted after the command name
     awk -v tick="$TICK" '{ sub(/^.*\) /, ""); print ($12 + $13) / tick }' "/proc/$1/stat"
 }
@@ -152,7 +157,7 @@ alive() {
     done
 }
 
-declare -A START_CPU HALF_CPU LAST_CPU
+declare -A START_CPU START_NS HALF_CPU LAST_CPU
 START=$(date +%s.%N)
 HALF_T=""
 ELAPSED=0
@@ -166,7 +171,10 @@ while [ "$(echo "$ELAPSED < $DURATION" | bc)" = 1 ]; do
     ELAPSED=$(echo "$(date +%s.%N) - $START" | bc)
     for p in $PID $GPID; do
         LAST_CPU[$p]=$(cpu_seconds "$p")
-        [ "$N" = 2 ] && START_CPU[$p]=${LAST_CPU[$p]}
+        if [ "$N" = 2 ]; then
+            START_CPU[$p]=${LAST_CPU[$p]}
+            START_NS[$p]=$(thread_ns "$p")
+        fi
         if [ $((N % INTERVAL)) = 0 ]; then
             name=agent
             [ "$p" = "$GPID" ] && name=cc-metric-collector
@@ -184,12 +192,12 @@ summary() { # pid name
     local anon_huge
     anon_huge=$(awk '$1 == "AnonHugePages:" { print $2 }' "/proc/$p/smaps_rollup")
     awk -v name="$name" -v cpu="${LAST_CPU[$p]}" -v half="${HALF_CPU[$p]}" -v t="$ELAPSED" \
-        -v t0="$HALF_T" -v iv="$INTERVAL" -v start="${START_CPU[$p]}" \
+        -v t0="$HALF_T" -v iv="$INTERVAL" -v start="${START_CPU[$p]}" -v start_ns="${START_NS[$p]}" \
         -v hwm="$(status_kib "$p" VmHWM)" -v rss="$(status_kib "$p" VmRSS)" \
         -v anon="$(status_kib "$p" RssAnon)" -v file="$(status_kib "$p" RssFile)" \
         -v shmem="$(status_kib "$p" RssShmem)" -v huge="$anon_huge" 'BEGIN {
-        printf "# %s: CPU per round %.2f ms (%.3f%% of one core) over the second half; %d ms in the first 2 s\n",
-            name, 1000 * iv * (cpu - half) / (t - t0), 100 * (cpu - half) / (t - t0), 1000 * start
+        printf "# %s: CPU per round %.3f ms (%.3f%% of one core) over the second half; in the first 2 s %d ms (%.1f ms as its live threads count it in schedstat)\n",
+            name, 1000 * iv * (cpu - half) / (t - t0), 100 * (cpu - half) / (t - t0), 1000 * start, start_ns / 1e6
         printf "# %s: VmHWM %.1f MiB; at the end RSS %.1f MiB = anonymous %.1f (huge pages %.1f) + file %.1f + shmem %.1f\n",
             name, hwm / 1024, rss / 1024, anon / 1024, huge / 1024, file / 1024, shmem / 1024 }'
 }
@@ -228,6 +236,8 @@ for i, v in enumerate(vmas):
         pass
     elif v["path"] == sys.argv[2]:
         kind = "the binary"
+    elif v["path"].endswith(".cwasm"):
+        kind = "compiled components"
     elif v["path"].startswith("/memfd:"):
         kind = "memfd images"
     elif v["path"] == "[stack]" or (not v["path"] and prev and prev["perms"] == "---p" and not prev["path"]
