@@ -158,7 +158,7 @@ fn is_duplicate(state: &AppState, stored: &super::registry::StoredService) -> bo
 pub(crate) async fn page_answer(state: &Arc<AppState>, user: Option<String>) -> PageAnswer {
     let status = &state.status;
     let stored = state.registry.stored();
-    let instances = snapshot::instances(&stored, &Filters::default(), |s| is_duplicate(&state, s));
+    let instances = snapshot::instances(&stored, &Filters::default(), |s| is_duplicate(state, s));
     let rosters = snapshot::rosters(&stored, &status.roster_prefix);
     // Resolving every instance's configuration may merge layers: off the async workers.
     let tree = state.tree.clone();
