@@ -174,7 +174,7 @@ async fn a_cached_component_runs_from_its_mapped_entry_not_from_a_copy() {
     );
 
     // Loaded from the cache, the code is the entry's file mapped (executable where the
-    // text is), so only the pages that run become resident.
+    // text is): page-cache pages, not a private copy.
     let cached = runtime(&dir).load(&spec).await.unwrap();
     assert!(cached.cached);
     let maps = mappings_of(&target);

@@ -15,9 +15,11 @@
 //!
 //! The verified entry is then mapped from the file, through the very descriptor it was
 //! verified through (`/proc/self/fd/N`, not its name again), rather than copied into
-//! anonymous memory: only the pages a plugin's calls run become resident, shared with the
-//! page cache, where a copy kept all of every component's code resident (about 0.4 MiB for
-//! each collector, most of which never runs). What a mapping gives up against a copy is
+//! anonymous memory: its pages are the page cache's (shared, and the kernel can drop and
+//! reread them under memory pressure), only the pages that are touched become resident, and
+//! loading holds no second copy of the entry (it was read whole into the heap and copied).
+//! The kernel maps a file 64 KiB around each fault, so a collector's calls still bring in
+//! most of its code (about 0.55 MiB each). What a mapping gives up against a copy is
 //! protection from a writer changing the file in place while it is mapped; that writer would
 //! need the agent's own rights, which also read the key and so forge any tag. The cache
 //! itself never changes an entry in place: it writes a new file and renames it.
