@@ -139,7 +139,7 @@ mod tests {
     #[test]
     fn zero_threads_is_refused() {
         for flag in ["--threads", "--blocking-threads"] {
-            let err = args(&[flag, "0"]).err().expect("0 was accepted");
+            let err = args(&[flag, "0"]).expect_err("0 was accepted");
             assert!(err.to_string().contains("0"), "{err}");
         }
     }
