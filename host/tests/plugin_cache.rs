@@ -148,3 +148,57 @@ async fn cache_writes_do_not_follow_planted_links() {
     assert!(meta.file_type().is_file(), "the entry is a file of its own");
     assert!(runtime(&dir).load(&spec).await.unwrap().cached);
 }
+
+/// The lines of this process's memory map that map `path`.
+fn mappings_of(path: &Path) -> Vec<String> {
+    let path = path.to_str().unwrap();
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|line| line.ends_with(path))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_component_runs_from_its_mapped_entry_not_from_a_copy() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("components");
+    let spec = PluginSpec::new(guests::component("roster-logger"));
+    let compiled = runtime(&dir).load(&spec).await.unwrap();
+    assert!(!compiled.cached);
+    let target = entry(&dir);
+    assert!(
+        mappings_of(&target).is_empty(),
+        "a fresh compilation is not mapped"
+    );
+
+    // Loaded from the cache, the code is the entry's file mapped (executable where the
+    // text is): page-cache pages, not a private copy.
+    let cached = runtime(&dir).load(&spec).await.unwrap();
+    assert!(cached.cached);
+    let maps = mappings_of(&target);
+    assert!(
+        maps.iter()
+            .any(|line| line.split_whitespace().nth(1) == Some("r-xp")),
+        "the entry's code is not mapped from it: {maps:?}"
+    );
+    drop(cached);
+    assert!(mappings_of(&target).is_empty(), "dropped, it is unmapped");
+
+    // The tag is checked all the same: a flipped byte anywhere, the tag included, and the
+    // entry is compiled again.
+    for at in [
+        0,
+        1 << 12,
+        std::fs::metadata(&target).unwrap().len() as usize - 1,
+    ] {
+        let mut bytes = std::fs::read(&target).unwrap();
+        bytes[at] ^= 0x01;
+        std::fs::write(&target, &bytes).unwrap();
+        assert!(
+            !runtime(&dir).load(&spec).await.unwrap().cached,
+            "byte {at}"
+        );
+    }
+}

@@ -8,10 +8,21 @@
 //! - entries are written to a temporary file with an unpredictable name, created exclusively
 //!   (so a planted link is never followed), and renamed into place, which replaces whatever
 //!   was planted at the entry's name instead of writing through it;
-//! - every entry carries an HMAC-SHA256 of its contents under a key kept outside the
-//!   directory (`<dir>.key`, `0600`, created with the cache), and is read without following
+//! - every entry ends with an HMAC-SHA256 of its contents under a key kept outside the
+//!   directory (`<dir>.key`, `0600`, created with the cache), and is opened without following
 //!   links and verified before it is deserialized. A missing or wrong tag, a foreign owner or
 //!   loose permissions discard the entry and the component is compiled again.
+//!
+//! The verified entry is then mapped from the file, through the very descriptor it was
+//! verified through (`/proc/self/fd/N`, not its name again), rather than copied into
+//! anonymous memory: its pages are the page cache's (shared, and the kernel can drop and
+//! reread them under memory pressure), only the pages that are touched become resident, and
+//! loading holds no second copy of the entry (it was read whole into the heap and copied).
+//! The kernel maps a file 64 KiB around each fault, so a collector's calls still bring in
+//! most of its code (about 0.55 MiB each). What a mapping gives up against a copy is
+//! protection from a writer changing the file in place while it is mapped; that writer would
+//! need the agent's own rights, which also read the key and so forge any tag. The cache
+//! itself never changes an entry in place: it writes a new file and renames it.
 //!
 //! Entries are keyed by the SHA-256 of the component bytes and a hash of the engine's
 //! compatibility settings, so a changed component or an incompatible engine simply misses.
@@ -19,6 +30,7 @@
 use std::fs::File;
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -26,7 +38,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-/// Bytes of the tag in front of every entry.
+/// Bytes of the tag at the end of every entry.
 const TAG_LEN: usize = 32;
 
 /// Bytes of the cache key.
@@ -76,12 +88,16 @@ impl ComponentCache {
     ) -> wasmtime::Result<(Component, bool)> {
         if let Some((dir, key)) = &self.store {
             let path = dir.join(format!("{hash}-{}.cwasm", self.engine_key));
-            match self.read_verified(&path, key, hash) {
-                Ok(Some(code)) => {
-                    // SAFETY: `code` carries a valid tag under the key only this host holds,
-                    // so it is the unmodified output of `Component::serialize` in `store`,
-                    // by an engine with the same compatibility hash (part of the name).
-                    match unsafe { Component::deserialize(engine, &code) } {
+            match self.open_verified(&path, key, hash) {
+                Ok(Some(file)) => {
+                    // SAFETY: the file's contents carry a valid tag under the key only this
+                    // host holds, so they are the unmodified output of `Component::serialize`
+                    // in `store`, by an engine with the same compatibility hash (part of the
+                    // name), followed by the tag (the ELF image ignores what follows its
+                    // sections). The path names the verified file itself, whatever its
+                    // directory entry has become since; the cache never changes or truncates
+                    // an entry in place (module documentation).
+                    match unsafe { Component::deserialize_file(engine, fd_path(&file)) } {
                         Ok(component) => return Ok((component, true)),
                         Err(error) => discard(&path, &error),
                     }
@@ -98,26 +114,41 @@ impl ComponentCache {
         Ok((Component::from_binary(engine, bytes)?, false))
     }
 
-    /// The entry's code if it exists and its tag verifies; `Ok(None)` when there is none.
-    fn read_verified(
+    /// The entry, open, if it exists and its tag verifies; `Ok(None)` when there is none.
+    /// The contents are read through a small buffer to check the tag, never held whole.
+    fn open_verified(
         &self,
         path: &Path,
         key: &[u8; KEY_LEN],
         hash: &str,
-    ) -> std::io::Result<Option<Vec<u8>>> {
+    ) -> std::io::Result<Option<File>> {
         let mut file = match open_nofollow(path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        check_private(&file.metadata()?, false)?;
-        let mut entry = Vec::new();
-        file.read_to_end(&mut entry)?;
-        if entry.len() < TAG_LEN {
-            return Err(std::io::Error::other("the entry is truncated"));
+        let meta = file.metadata()?;
+        check_private(&meta, false)?;
+        let code_len = meta
+            .len()
+            .checked_sub(TAG_LEN as u64)
+            .ok_or_else(|| std::io::Error::other("the entry is truncated"))?;
+        let mut mac = Hmac::new(key);
+        mac.update(self.engine_key.as_bytes());
+        mac.update(b"/");
+        mac.update(hash.as_bytes());
+        mac.update(b"/");
+        let mut buf = vec![0u8; 64 << 10];
+        let mut left = code_len;
+        while left > 0 {
+            let want = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+            file.read_exact(&mut buf[..want])?;
+            mac.update(&buf[..want]);
+            left -= want as u64;
         }
-        let (tag, code) = entry.split_at(TAG_LEN);
-        let expected = self.tag(key, hash, code);
+        let mut tag = [0u8; TAG_LEN];
+        file.read_exact(&mut tag)?;
+        let expected = mac.finish();
         // Constant time: the comparison must not tell a forger how much of a tag was right.
         let diff = tag
             .iter()
@@ -128,7 +159,7 @@ impl ComponentCache {
                 "the entry's tag does not verify (not written by this host, or changed)",
             ));
         }
-        Ok(Some(code.to_vec()))
+        Ok(Some(file))
     }
 
     fn store(
@@ -150,8 +181,8 @@ impl ComponentCache {
             .suffix(".tmp")
             .permissions(std::fs::Permissions::from_mode(0o600))
             .tempfile_in(dir)?;
-        tmp.write_all(&tag)?;
         tmp.write_all(&code)?;
+        tmp.write_all(&tag)?;
         tmp.as_file().sync_data()?;
         tmp.persist(path).map_err(|e| e.error)?;
         Ok(())
@@ -178,21 +209,47 @@ fn discard(path: &Path, error: &dyn std::fmt::Display) {
 
 /// HMAC (RFC 2104) over SHA-256 of the concatenated `parts`.
 fn hmac_sha256(key: &[u8; KEY_LEN], parts: &[&[u8]]) -> [u8; TAG_LEN] {
-    let mut inner_pad = [0x36u8; 64];
-    let mut outer_pad = [0x5cu8; 64];
-    for (i, byte) in key.iter().enumerate() {
-        inner_pad[i] ^= byte;
-        outer_pad[i] ^= byte;
-    }
-    let mut inner = Sha256::new();
-    inner.update(inner_pad);
+    let mut mac = Hmac::new(key);
     for part in parts {
-        inner.update(part);
+        mac.update(part);
     }
-    let mut outer = Sha256::new();
-    outer.update(outer_pad);
-    outer.update(inner.finalize());
-    outer.finalize().into()
+    mac.finish()
+}
+
+/// HMAC (RFC 2104) over SHA-256, fed piece by piece.
+struct Hmac {
+    inner: Sha256,
+    outer_pad: [u8; 64],
+}
+
+impl Hmac {
+    fn new(key: &[u8; KEY_LEN]) -> Hmac {
+        let mut inner_pad = [0x36u8; 64];
+        let mut outer_pad = [0x5cu8; 64];
+        for (i, byte) in key.iter().enumerate() {
+            inner_pad[i] ^= byte;
+            outer_pad[i] ^= byte;
+        }
+        let mut inner = Sha256::new();
+        inner.update(inner_pad);
+        Hmac { inner, outer_pad }
+    }
+
+    fn update(&mut self, part: &[u8]) {
+        self.inner.update(part);
+    }
+
+    fn finish(self) -> [u8; TAG_LEN] {
+        let mut outer = Sha256::new();
+        outer.update(self.outer_pad);
+        outer.update(self.inner.finalize());
+        outer.finalize().into()
+    }
+}
+
+/// The path that opens `file` itself, whatever has become of the name it was opened by.
+fn fd_path(file: &File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 fn open_nofollow(path: &Path) -> std::io::Result<File> {

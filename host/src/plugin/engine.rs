@@ -6,8 +6,8 @@
 //! gets a fresh store from `Runtime::new_store`. This layer knows nothing of supervision.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::broadcast;
@@ -76,7 +76,9 @@ pub struct Runtime {
 struct Inner {
     engine: Engine,
     plain: Linker<HostState>,
-    wasi: Linker<HostState>,
+    /// Built at the first plugin granted WASI: several hundred host functions that an agent
+    /// of collectors (none of which uses WASI) would otherwise pay for at every start.
+    wasi: OnceLock<Linker<HostState>>,
     cache: ComponentCache,
     events: EventSender,
     options: RuntimeOptions,
@@ -112,7 +114,8 @@ impl FileStamp {
 }
 
 impl Runtime {
-    /// Creates the engine, starts its epoch ticker and builds the linkers.
+    /// Creates the engine, starts its epoch ticker and builds the linker without WASI (the one
+    /// with WASI is built when a plugin granted WASI first loads).
     pub fn new(options: RuntimeOptions) -> Result<Runtime, HostError> {
         let engine_err = |e: wasmtime::Error| HostError::Engine(format!("{e:#}"));
         let mut config = Config::new();
@@ -127,9 +130,6 @@ impl Runtime {
 
         let mut plain = Linker::new(&engine);
         state::add_to_linker(&mut plain).map_err(engine_err)?;
-        let mut wasi = Linker::new(&engine);
-        state::add_to_linker(&mut wasi).map_err(engine_err)?;
-        wasmtime_wasi::p2::add_to_linker_async(&mut wasi).map_err(engine_err)?;
 
         let cache = ComponentCache::new(&engine, options.cache_dir.clone());
         let (events, _) = broadcast::channel(options.event_capacity.max(16));
@@ -138,7 +138,7 @@ impl Runtime {
             inner: Arc::new(Inner {
                 engine,
                 plain,
-                wasi,
+                wasi: OnceLock::new(),
                 cache,
                 events,
                 options,
@@ -233,7 +233,8 @@ impl Runtime {
             }
         }
         let linker = if granted {
-            &self.inner.wasi
+            self.wasi_linker()
+                .map_err(|e| HostError::Engine(format!("{e:#}")))?
         } else {
             &self.inner.plain
         };
@@ -244,6 +245,18 @@ impl Runtime {
         let pre = linker.instantiate_pre(&component).map_err(incompatible)?;
         let pre = PluginPre::new(pre).map_err(incompatible)?;
         Ok(LoadedPlugin { pre, hash, cached })
+    }
+
+    /// The linker with WASI, built on first use (two plugins loading at once may both build
+    /// one; the first to finish is kept).
+    fn wasi_linker(&self) -> wasmtime::Result<&Linker<HostState>> {
+        if let Some(linker) = self.inner.wasi.get() {
+            return Ok(linker);
+        }
+        let mut wasi = Linker::new(&self.inner.engine);
+        state::add_to_linker(&mut wasi)?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut wasi)?;
+        Ok(self.inner.wasi.get_or_init(|| wasi))
     }
 
     /// Creates a fresh store for one instantiation of a plugin.
@@ -433,6 +446,19 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         false
+    }
+
+    #[test]
+    fn the_wasi_linker_is_built_once_and_only_when_asked_for() {
+        let runtime = Runtime::new(RuntimeOptions {
+            cache_dir: None,
+            ..RuntimeOptions::default()
+        })
+        .unwrap();
+        assert!(runtime.inner.wasi.get().is_none(), "built at start-up");
+        let first: *const Linker<HostState> = runtime.wasi_linker().unwrap();
+        let second: *const Linker<HostState> = runtime.wasi_linker().unwrap();
+        assert_eq!(first, second, "built twice");
     }
 
     #[test]
