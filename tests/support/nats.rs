@@ -124,6 +124,13 @@ impl NatsServer {
 
     /// (Re)starts the server on the same port and waits until it accepts connections.
     pub fn restart(&mut self) {
+        if let Err(e) = self.try_restart() {
+            panic!("{e}");
+        }
+    }
+
+    /// [`NatsServer::restart`], returning why the server did not come up.
+    pub fn try_restart(&mut self) -> Result<(), String> {
         self.kill();
         let mut command = Command::new(&self.binary);
         if let Some((_, path)) = &self.config {
@@ -142,19 +149,18 @@ impl NatsServer {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return;
+                return Ok(());
             }
             if let Some(status) = self
                 .child
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!("nats-server exited at start with {status}");
+                return Err(format!("nats-server exited at start with {status}"));
             }
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not start listening"
-            );
+            if Instant::now() >= deadline {
+                return Err("nats-server did not start listening".to_owned());
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -227,7 +233,22 @@ pub struct NatsCluster {
 impl NatsCluster {
     /// Starts a three-node JetStream cluster (JetStream needs a moment more to elect its
     /// meta leader; clients retry until it answers).
+    ///
+    /// The ports are picked free, then released for nats-server to bind: another process
+    /// may take one in between (a busy machine running other tests), so a cluster whose node
+    /// cannot start is started again on other ports, a few times.
     pub fn start() -> Self {
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            match Self::try_start() {
+                Ok(cluster) => return cluster,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("a NATS cluster did not start: {failures:?}");
+    }
+
+    fn try_start() -> Result<Self, String> {
         let binary = nats_server_binary();
         let cluster_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let name = format!("ccfleet-test-{}", free_port());
@@ -264,9 +285,9 @@ impl NatsCluster {
             .collect::<Vec<_>>();
         let mut cluster = NatsCluster { nodes };
         for node in &mut cluster.nodes {
-            node.restart();
+            node.try_restart()?;
         }
-        cluster
+        Ok(cluster)
     }
 
     /// The client URL of node `i`.
