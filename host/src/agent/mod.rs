@@ -694,7 +694,7 @@ impl Signals {
             let listen = |kind: SignalKind, name: &str| match signal(kind) {
                 Ok(stream) => Some(stream),
                 Err(error) => {
-                    tracing::warn!(%error, "cannot watch {name}; it will not stop the agent");
+                    tracing::warn!(%error, "cannot watch {name}; it will not stop this process");
                     None
                 }
             };
