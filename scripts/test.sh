@@ -58,8 +58,12 @@ cargo fmt --all -- --check
 say "cargo clippy"
 cargo clippy --workspace --all-features --all-targets -- -D warnings
 
+# The `ccfleet` that builds the plugins is the one the tests run: built with the tests'
+# features, it is built once for both (built with its own, it would be compiled twice).
+say "building ccfleet"
+cargo build --workspace --all-features --bins
 say "building the guest plugins"
-scripts/build-guests.sh
+CCFLEET_BIN="$root/target/debug/ccfleet" scripts/build-guests.sh
 
 say "cargo test"
 cargo test --workspace --all-features --no-fail-fast
