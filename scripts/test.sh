@@ -63,7 +63,7 @@ cargo clippy --workspace --all-features --all-targets -- -D warnings
 say "building ccfleet"
 cargo build --workspace --all-features --bins
 say "building the guest plugins"
-CCFLEET_BIN="$root/target/debug/ccfleet" scripts/build-guests.sh
+CCFLEET_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/ccfleet" scripts/build-guests.sh
 
 say "cargo test"
 cargo test --workspace --all-features --no-fail-fast
