@@ -183,34 +183,9 @@ fn kernel_mounts(mountinfo: &str) -> Vec<PathBuf> {
             let fs_type = right.split(' ').next()?;
             PSEUDO_FILESYSTEMS
                 .contains(&fs_type)
-                .then(|| PathBuf::from(unescape_mount(mount_point)))
+                .then(|| PathBuf::from(super::mounts::unescape(mount_point)))
         })
         .collect()
-}
-
-/// Undoes the octal escapes (`\040` for a space) of mountinfo fields.
-fn unescape_mount(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4]
-                .iter()
-                .all(|b| (b'0'..=b'7').contains(b))
-        {
-            let value = bytes[i + 1..i + 4]
-                .iter()
-                .fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
-            out.push(value as u8);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

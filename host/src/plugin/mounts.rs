@@ -122,8 +122,10 @@ fn read_capped(file: File, max_bytes: usize) -> Result<Vec<u8>, Capped> {
     Ok(bytes)
 }
 
-/// Undoes the kernel's octal escapes in a mount table field (`\040` is a space).
-fn unescape(field: &str) -> String {
+/// Undoes the kernel's octal escapes in a mount table field (`\040` is a space); shared by
+/// the mount-info grant and the WASI directory checks, which read the same tables. An
+/// escape above `\377` (the kernel writes none) is kept as it stands.
+pub(crate) fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
