@@ -507,14 +507,14 @@ impl<'a> Buckets<'a> {
         buckets
     }
 
-    /// Every roster subject of these buckets, in publishing order.
-    fn subjects(&self, prefix: &str) -> Vec<String> {
-        let names = self.clusters.keys().copied().chain([INFRA_BUCKET]);
-        names
-            .flat_map(|bucket| {
-                consumers().map(move |(consumer, _)| discovery_subject(prefix, bucket, consumer))
-            })
-            .collect()
+    /// The bucket names, in publishing order: clusters by name, then `infra`.
+    fn names(&self) -> impl Iterator<Item = &'a str> + '_ {
+        self.clusters.keys().copied().chain([INFRA_BUCKET])
+    }
+
+    /// How many rosters these buckets make.
+    fn rosters(&self) -> usize {
+        (self.clusters.len() + 1) * consumers().count()
     }
 }
 
@@ -673,7 +673,7 @@ impl Publisher {
         if self.client.connection_state() != async_nats::connection::State::Connected {
             // Queued rosters would go out stale after the reconnect, which triggers a fresh
             // round anyway.
-            let rosters = buckets.subjects(&self.config.prefix).len();
+            let rosters = buckets.rosters();
             self.round_failed(
                 rosters,
                 format_args!("NATS is disconnected; they go out again once it reconnects"),
@@ -688,13 +688,7 @@ impl Publisher {
         let mut queued: Vec<(u64, u64)> = Vec::new();
         let mut queued_failing: Vec<String> = Vec::new();
         let mut left_out = HashSet::new();
-        let names: Vec<&str> = buckets
-            .clusters
-            .keys()
-            .copied()
-            .chain([INFRA_BUCKET])
-            .collect();
-        for bucket in names {
+        for bucket in buckets.names() {
             let mut shared: Vec<(&'static [ServiceType], Arc<Encoded>)> = Vec::new();
             for (consumer, wanted) in consumers() {
                 let subject = discovery_subject(&self.config.prefix, bucket, consumer);
