@@ -126,6 +126,27 @@ async fn wait_for_state(client: &Client, host: &str, want: Value) {
     .await;
 }
 
+/// Types `token` into the login form and sends it. A click that submits a form returns
+/// before the browser has loaded the answer, so callers wait for what the answer shows
+/// rather than look for it at once.
+async fn submit_login(client: &Client, token: &str) {
+    let wait = || client.wait().at_most(PATIENCE);
+    wait()
+        .for_element(Locator::Id("token"))
+        .await
+        .expect("the login form's token field")
+        .send_keys(token)
+        .await
+        .unwrap();
+    wait()
+        .for_element(Locator::Id("login"))
+        .await
+        .expect("the login form's button")
+        .click()
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_logs_in_and_watches_an_instance_come_and_go() {
     let keys = Keypair::generate();
@@ -159,24 +180,13 @@ async fn a_person_logs_in_and_watches_an_instance_come_and_go() {
     let url = client.current_url().await.unwrap();
     assert_eq!(url.path(), "/fleet/login");
     // A node's token does not open the page.
-    client
-        .find(Locator::Id("token"))
-        .await
-        .unwrap()
-        .send_keys(&node_token)
-        .await
-        .unwrap();
-    client
-        .find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    submit_login(&client, &node_token).await;
     let message = client
-        .find(Locator::Css("p.message"))
+        .wait()
+        .at_most(PATIENCE)
+        .for_element(Locator::Css("p.message"))
         .await
-        .unwrap()
+        .expect("the login form again, with a message")
         .text()
         .await
         .unwrap();
@@ -186,20 +196,7 @@ async fn a_person_logs_in_and_watches_an_instance_come_and_go() {
     );
 
     let admin = keys.sign_token("operator", &["admin"], Some(Duration::from_secs(3600)));
-    client
-        .find(Locator::Id("token"))
-        .await
-        .unwrap()
-        .send_keys(&admin)
-        .await
-        .unwrap();
-    client
-        .find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    submit_login(&client, &admin).await;
     eventually("the page after login", PATIENCE, || async {
         page_value(
             &client,
