@@ -4,6 +4,7 @@
 
 pub mod config;
 mod health;
+pub mod import_ccmc;
 mod observe;
 mod rollout;
 pub mod router;

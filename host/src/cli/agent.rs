@@ -1,5 +1,6 @@
 //! `ccfleet agent`: runs the agent from a configuration file until SIGINT or SIGTERM, or only
-//! checks the configuration (`--check-config`).
+//! checks the configuration (`--check-config`); `ccfleet agent import-ccmc` writes one from a
+//! cc-metric-collector configuration.
 //!
 //! The agent runs on one thread by default (a current-thread tokio runtime): what it does
 //! between collect rounds is little, every plugin call yields at each epoch tick, and each
@@ -13,11 +14,15 @@ use ccfleet_host::agent::{self, AgentConfig};
 
 /// Flags of `ccfleet agent`.
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
+    /// What else than running the agent.
+    #[command(subcommand)]
+    action: Option<Action>,
     /// The agent configuration (JSON: fleet, nats, discovery, metrics, plugins). Relative
     /// paths in it are resolved against the file's directory.
-    #[arg(long, short, value_name = "FILE")]
-    config: PathBuf,
+    #[arg(long, short, value_name = "FILE", required = true)]
+    config: Option<PathBuf>,
     /// Validate the configuration (keys, fleet section, token, NATS files, metric sink,
     /// plugins compile) and exit without starting: status 0 when usable, 1 when not.
     #[arg(long)]
@@ -36,10 +41,19 @@ pub struct Args {
     blocking_threads: u16,
 }
 
+/// Subcommands of `ccfleet agent`.
+#[derive(Debug, clap::Subcommand)]
+pub enum Action {
+    /// Write an agent configuration from a cc-metric-collector configuration (config.json
+    /// with collectors.json, sinks.json, router.json, receivers.json, or one file).
+    ImportCcmc(super::import_ccmc::Args),
+}
+
 impl Args {
-    /// Whether only the configuration is checked (its report is the output, not the logs).
+    /// Whether only the configuration is checked, or another one converted (the report is
+    /// the output, not the logs).
     pub fn checks_only(&self) -> bool {
-        self.check_config
+        self.check_config || self.action.is_some()
     }
 
     /// The tokio runtime the agent runs on (`--threads`, `--blocking-threads`).
@@ -60,10 +74,16 @@ impl Args {
 
 /// Runs `ccfleet agent`.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let path = match (args.action, args.config) {
+        (Some(Action::ImportCcmc(import)), _) => return super::import_ccmc::run(import),
+        (None, Some(path)) => path,
+        // clap requires --config without a subcommand.
+        (None, None) => anyhow::bail!("--config FILE is required"),
+    };
     if args.check_config {
-        return super::check_config::agent(&args.config).await;
+        return super::check_config::agent(&path).await;
     }
-    let config = AgentConfig::load(&args.config)?;
+    let config = AgentConfig::load(&path)?;
     agent::run(config).await?;
     Ok(ExitCode::SUCCESS)
 }

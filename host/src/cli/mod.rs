@@ -12,6 +12,7 @@ pub mod decode;
 pub mod demo;
 pub mod discover;
 pub mod fleet;
+pub mod import_ccmc;
 pub mod keygen;
 pub mod logging;
 pub mod manpage;

@@ -1,0 +1,234 @@
+//! cc-metric-collector's sinks (cc-lib's `sinks`), as the agent's sinks.
+//!
+//! The agent has three kinds: `http` (cc-metric-store's write API), `nats` and `stdout`.
+//! Their settings carry over; a JWT moves out of the configuration into a file of its own
+//! (the agent reads it from `jwt-file`), and the other kinds are named with the reason they
+//! are left out.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+
+use super::{Findings, Secret};
+
+/// The sinks converted: the agent's `sinks` object and, for a `nats` sink, its `nats`
+/// section.
+#[derive(Debug, Default)]
+pub struct Converted {
+    /// The `sinks` object.
+    pub sinks: Map<String, Value>,
+    /// The `nats` section, from the first `nats` sink.
+    pub nats: Option<Value>,
+    /// Files holding secrets the configuration refers to.
+    pub secrets: Vec<Secret>,
+    /// Each converted sink's `meta_as_tags` (cc-lib's default: none).
+    pub meta_as_tags: BTreeMap<String, Vec<String>>,
+}
+
+fn text<'a>(config: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
+    config
+        .get(key)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+}
+
+fn reason_for(kind: &str) -> String {
+    match kind {
+        "influxdb" | "influxasync" => {
+            "the agent writes no InfluxDB: its sinks are cc-metric-store (http), NATS and standard output".to_owned()
+        }
+        "ganglia" | "libganglia" => {
+            "the agent writes no Ganglia: its sinks are cc-metric-store (http), NATS and standard output".to_owned()
+        }
+        "prometheus" => {
+            "the agent serves no metric points for Prometheus to scrape (its /metrics holds its own figures)".to_owned()
+        }
+        "questdb" => "the agent writes no QuestDB".to_owned(),
+        "sample" => "the sample sink is an example without output".to_owned(),
+        other => format!("unknown sink type {other:?}"),
+    }
+}
+
+/// Converts `sinks`; `secrets_dir` is where JWT files are written (relative to the agent
+/// configuration).
+pub fn convert(
+    sinks: &Map<String, Value>,
+    secrets_dir: &str,
+    findings: &mut Findings,
+) -> Converted {
+    let mut out = Converted::default();
+    for (name, value) in sinks {
+        let at = format!("sinks.{name}");
+        let Value::Object(config) = value else {
+            findings.left_out(&at, "a sink must be a JSON object");
+            continue;
+        };
+        let Some(kind) = text(config, "type") else {
+            findings.left_out(&at, "the sink names no `type`");
+            continue;
+        };
+        let mut sink = Map::new();
+        let mut known: Vec<&str> = vec!["type", "meta_as_tags", "process_messages"];
+        match kind {
+            "http" => {
+                known.extend([
+                    "url",
+                    "jwt",
+                    "username",
+                    "password",
+                    "timeout",
+                    "idle_connection_timeout",
+                    "flush_delay",
+                    "max_retries",
+                    "precision",
+                ]);
+                let Some(url) = text(config, "url") else {
+                    findings.left_out(&at, "the http sink names no `url`");
+                    continue;
+                };
+                if reqwest::Url::parse(url).is_err() {
+                    findings.left_out(&at, "the http sink's `url` is not a URL");
+                    continue;
+                }
+                if text(config, "username").is_some() || text(config, "password").is_some() {
+                    findings.left_out(
+                        &at,
+                        "basic authentication (`username`, `password`): the agent authenticates to cc-metric-store with a JWT only",
+                    );
+                    continue;
+                }
+                sink.insert("type".into(), json!("http"));
+                sink.insert("url".into(), json!(url));
+                if let Some(jwt) = text(config, "jwt") {
+                    let file = format!("{secrets_dir}/{name}.jwt");
+                    out.secrets.push(Secret {
+                        path: file.clone().into(),
+                        contents: jwt.to_owned(),
+                    });
+                    sink.insert("jwt-file".into(), json!(file));
+                }
+                for (from, to) in [("timeout", "timeout"), ("flush_delay", "flush-delay")] {
+                    if let Some(v) = text(config, from) {
+                        sink.insert(to.into(), json!(v));
+                    }
+                }
+                if config.contains_key("max_retries") {
+                    findings.note(
+                        &format!("{at}.max_retries"),
+                        "the agent retries a failed write with back-off for as long as its retry buffer (retry-buffer, 100,000 points) holds it, rather than a number of times",
+                    );
+                }
+                if config.contains_key("idle_connection_timeout") {
+                    findings.note(
+                        &format!("{at}.idle_connection_timeout"),
+                        "not needed: the agent's HTTP client closes idle connections itself",
+                    );
+                }
+                if let Some(p) = text(config, "precision").filter(|p| *p != "s") {
+                    findings.note(
+                        &format!("{at}.precision"),
+                        &format!("the agent sends timestamps in nanoseconds, as its plugins stamp them, and cc-metric-store detects the precision of each line; {p:?} is not applied"),
+                    );
+                }
+            }
+            "nats" => {
+                known.extend([
+                    "host",
+                    "port",
+                    "subject",
+                    "database",
+                    "user",
+                    "password",
+                    "nkey_file",
+                    "flush_delay",
+                    "precision",
+                ]);
+                let Some(subject) = text(config, "subject").or_else(|| text(config, "database"))
+                else {
+                    findings.left_out(&at, "the nats sink names no `subject` (or `database`)");
+                    continue;
+                };
+                let host = text(config, "host").unwrap_or("localhost");
+                let port = match config.get("port") {
+                    Some(Value::String(p)) if !p.is_empty() => p.clone(),
+                    Some(Value::Number(n)) => n.to_string(),
+                    _ => "4222".to_owned(),
+                };
+                let mut section = Map::new();
+                section.insert("address".into(), json!(format!("nats://{host}:{port}")));
+                if let Some(user) = text(config, "user") {
+                    section.insert("username".into(), json!(user));
+                    section.insert(
+                        "password".into(),
+                        json!(text(config, "password").unwrap_or_default()),
+                    );
+                } else if let Some(file) = text(config, "nkey_file") {
+                    // cc-lib hands this file to the NATS client as user credentials.
+                    section.insert("creds-file-path".into(), json!(file));
+                }
+                match &out.nats {
+                    None => out.nats = Some(Value::Object(section)),
+                    Some(first) if *first == Value::Object(section.clone()) => {}
+                    Some(_) => {
+                        findings.left_out(
+                            &at,
+                            "a second NATS server or login: the agent has one NATS connection, taken from the first nats sink",
+                        );
+                        continue;
+                    }
+                }
+                sink.insert("type".into(), json!("nats"));
+                sink.insert("subject".into(), json!(subject));
+                if config.contains_key("flush_delay") {
+                    findings.note(
+                        &format!("{at}.flush_delay"),
+                        "the agent publishes each collect round's points as they come",
+                    );
+                }
+            }
+            "stdout" => {
+                known.push("output_file");
+                if let Some(file) = text(config, "output_file") {
+                    let _ = file;
+                    findings.left_out(
+                        &at,
+                        "`output_file`: the agent's stdout sink writes to standard output only (systemd's StandardOutput= can send it to a file)",
+                    );
+                    continue;
+                }
+                sink.insert("type".into(), json!("stdout"));
+            }
+            other => {
+                findings.left_out(&at, &reason_for(other));
+                continue;
+            }
+        }
+        if let Some(rules) = config.get("process_messages")
+            && rules.as_object().is_some_and(|m| !m.is_empty())
+        {
+            findings.left_out(
+                &format!("{at}.process_messages"),
+                "the agent applies one message processor to every sink (the router's process_messages); rules of a single sink are not carried over",
+            );
+        }
+        for key in config.keys().filter(|k| !known.contains(&k.as_str())) {
+            findings.note(
+                &format!("{at}.{key}"),
+                "not a setting of this sink type: left out",
+            );
+        }
+        let tags: Vec<String> = config
+            .get("meta_as_tags")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.meta_as_tags.insert(name.clone(), tags);
+        out.sinks.insert(name.clone(), Value::Object(sink));
+    }
+    out
+}

@@ -1,0 +1,392 @@
+//! Every way a section converts, is left out or is refused.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use super::{Finding, Import, ImportError, ImportOptions, import};
+
+fn options() -> ImportOptions {
+    ImportOptions {
+        fleet_url: "http://backend:8080".to_owned(),
+        cluster: Some("c1".to_owned()),
+        plugin_dir: PathBuf::from("/plugins"),
+        overrides: Vec::new(),
+        secrets_dir: "credentials".to_owned(),
+    }
+}
+
+/// A one-file configuration (sections inline) in a temporary directory.
+fn inline(main: Value) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.json");
+    std::fs::write(&file, main.to_string()).unwrap();
+    (dir, file)
+}
+
+fn run(main: Value) -> Import {
+    let (_dir, file) = inline(main);
+    import(&file, &options()).expect("imports")
+}
+
+fn run_err(main: Value, options: &ImportOptions) -> ImportError {
+    let (_dir, file) = inline(main);
+    import(&file, options).expect_err("refused")
+}
+
+fn keys(findings: &[Finding]) -> Vec<&str> {
+    findings.iter().map(|f| f.at.as_str()).collect()
+}
+
+fn reason<'a>(findings: &'a [Finding], at: &str) -> &'a str {
+    &findings
+        .iter()
+        .find(|f| f.at == at)
+        .unwrap_or_else(|| panic!("nothing about {at}: {findings:?}"))
+        .reason
+}
+
+fn plugin<'a>(import: &'a Import, name: &str) -> &'a Value {
+    import.config["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no plugin {name}"))
+}
+
+#[test]
+fn a_nats_sink_becomes_the_nats_section_and_a_subject() {
+    let import = run(json!({"interval": "10s", "sinks": {
+        "bus": {"type": "nats", "host": "nats1", "port": "4223", "database": "ccmetrics",
+                "user": "u", "password": "p", "flush_delay": "1s"}}}));
+    assert!(import.left_out.is_empty(), "{:?}", import.left_out);
+    assert_eq!(
+        import.config["nats"],
+        json!({"address": "nats://nats1:4223", "username": "u", "password": "p"})
+    );
+    assert_eq!(
+        import.config["sinks"]["bus"],
+        json!({"type": "nats", "subject": "ccmetrics"})
+    );
+    assert!(keys(&import.notes).contains(&"sinks.bus.flush_delay"));
+}
+
+#[test]
+fn a_second_nats_server_is_left_out_but_the_same_one_twice_is_not() {
+    let import = run(json!({"sinks": {
+        "a": {"type": "nats", "host": "n1", "subject": "x"},
+        "b": {"type": "nats", "host": "n1", "subject": "y"},
+        "c": {"type": "nats", "host": "n2", "subject": "z"}}}));
+    assert_eq!(keys(&import.left_out), ["sinks.c"]);
+    assert!(reason(&import.left_out, "sinks.c").contains("one NATS connection"));
+    assert_eq!(import.config["sinks"]["b"]["subject"], "y");
+}
+
+#[test]
+fn an_nkey_file_becomes_the_credentials_file() {
+    let import = run(json!({"sinks": {
+        "a": {"type": "nats", "host": "n1", "subject": "x", "nkey_file": "/etc/n.creds"}}}));
+    assert_eq!(import.config["nats"]["creds-file-path"], "/etc/n.creds");
+}
+
+#[test]
+fn sinks_the_agent_lacks_are_left_out_with_their_reason() {
+    let import = run(json!({"sinks": {
+        "influx": {"type": "influxasync", "host": "h"},
+        "ganglia": {"type": "libganglia"},
+        "prom": {"type": "prometheus"},
+        "file": {"type": "stdout", "output_file": "/tmp/out"},
+        "basic": {"type": "http", "url": "http://ms:8082/api/write", "username": "u", "password": "p"},
+        "nourl": {"type": "http"},
+        "odd": {"type": "carrier-pigeon"},
+        "notype": {"url": "x"},
+        "notobject": 3}}));
+    let mut left = keys(&import.left_out);
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "sinks.basic",
+            "sinks.file",
+            "sinks.ganglia",
+            "sinks.influx",
+            "sinks.notobject",
+            "sinks.notype",
+            "sinks.nourl",
+            "sinks.odd",
+            "sinks.prom"
+        ]
+    );
+    assert!(reason(&import.left_out, "sinks.influx").contains("InfluxDB"));
+    assert!(reason(&import.left_out, "sinks.basic").contains("basic authentication"));
+    assert!(reason(&import.left_out, "sinks.odd").contains("\"carrier-pigeon\""));
+    assert!(reason(&import.left_out, "sinks.file").contains("output_file"));
+    // Nothing left to write to: standard output, said so.
+    assert_eq!(import.config["metrics"], json!({"type": "stdout"}));
+    assert!(keys(&import.notes).contains(&"sinks"));
+}
+
+#[test]
+fn http_settings_carry_over_and_the_jwt_becomes_a_file() {
+    let import = run(json!({"sinks": {"ms": {"type": "http",
+        "url": "http://ms:8082/api/write?cluster=c1", "jwt": "secret-jwt", "timeout": "5s",
+        "flush_delay": "2s", "precision": "ms", "bogus": 1}}}));
+    assert_eq!(
+        import.config["sinks"]["ms"],
+        json!({"type": "http", "url": "http://ms:8082/api/write?cluster=c1",
+               "jwt-file": "credentials/ms.jwt", "timeout": "5s", "flush-delay": "2s"})
+    );
+    assert_eq!(import.secrets.len(), 1);
+    assert_eq!(import.secrets[0].contents, "secret-jwt");
+    assert!(
+        !format!("{import:?}").contains("secret-jwt"),
+        "Debug shows no secret"
+    );
+    assert!(keys(&import.notes).contains(&"sinks.ms.precision"));
+    assert!(keys(&import.notes).contains(&"sinks.ms.bogus"));
+}
+
+#[test]
+fn per_sink_message_rules_are_left_out() {
+    let import = run(json!({"sinks": {"o": {"type": "stdout",
+        "process_messages": {"drop_messages": ["x"]}}}}));
+    assert_eq!(keys(&import.left_out), ["sinks.o.process_messages"]);
+    assert_eq!(import.config["sinks"]["o"], json!({"type": "stdout"}));
+}
+
+#[test]
+fn meta_as_tags_of_the_sinks_reach_every_plugin_and_a_disagreement_is_named() {
+    let none = run(json!({"sinks": {"o": {"type": "stdout"}}, "collectors": {"loadavg": {}}}));
+    assert_eq!(
+        plugin(&none, "loadavg")["config"]["meta_as_tags"],
+        json!([]),
+        "cc-lib writes no meta as tags unless told"
+    );
+    let unit = run(
+        json!({"sinks": {"o": {"type": "stdout", "meta_as_tags": ["unit"]}},
+                          "collectors": {"loadavg": {}}}),
+    );
+    assert_eq!(
+        plugin(&unit, "loadavg")["config"],
+        json!({}),
+        "the plugins' default"
+    );
+    let differ = run(json!({"sinks": {
+        "a": {"type": "stdout", "meta_as_tags": ["unit"]},
+        "b": {"type": "stdout"}}, "collectors": {"loadavg": {}}}));
+    assert_eq!(keys(&differ.left_out), ["sinks.b.meta_as_tags"]);
+}
+
+#[test]
+fn a_setting_the_plugin_refuses_leaves_the_collector_out_naming_it() {
+    let import = run(json!({"collectors": {
+        "netstat": {"include_devices": "eth0"},
+        "memstat": {"node_stats": true, "bogus_key": 1},
+        "slurm_cgroup": {"use_sudo": true},
+        "loadavg": {}}}));
+    let mut left = keys(&import.left_out);
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "collectors.memstat",
+            "collectors.netstat",
+            "collectors.slurm_cgroup"
+        ]
+    );
+    assert!(reason(&import.left_out, "collectors.netstat").contains("include_devices"));
+    assert!(reason(&import.left_out, "collectors.memstat").contains("bogus_key"));
+    assert!(reason(&import.left_out, "collectors.slurm_cgroup").contains("use_sudo"));
+    assert_eq!(import.config["plugins"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn unknown_and_unported_collectors_are_left_out_with_their_reason() {
+    let import = run(json!({"collectors": {
+        "likwid": {}, "nvidia": {}, "rocm_smi": {}, "cpufreq_cpuinfo": {}, "made_up": {},
+        "loadavg": "not an object"}}));
+    assert!(reason(&import.left_out, "collectors.likwid").contains("LIKWID"));
+    assert!(reason(&import.left_out, "collectors.nvidia").contains("NVML"));
+    assert!(reason(&import.left_out, "collectors.made_up").contains("no collector"));
+    assert!(reason(&import.left_out, "collectors.loadavg").contains("JSON object"));
+    assert_eq!(import.left_out.len(), 6);
+}
+
+#[test]
+fn grants_follow_the_settings() {
+    let import = run(json!({"collectors": {
+        "loadavg": {"hostname": "n1"},
+        "cpustat": {},
+        "diskstat": {},
+        "slurm_cgroup": {"cgroup_base": "/sys/fs/cgroup/slurm.slice/", "cgroup_version": "v2"}}}));
+    assert_eq!(
+        plugin(&import, "loadavg")["capabilities"],
+        json!({"read-files": ["/proc/loadavg"]}),
+        "a host name in the settings needs no host name file"
+    );
+    assert_eq!(
+        plugin(&import, "cpustat")["capabilities"],
+        json!({"read-files": ["/proc/stat", "/proc/sys/kernel/hostname"]})
+    );
+    assert_eq!(
+        plugin(&import, "diskstat")["capabilities"],
+        json!({"mount-info": true, "read-files": ["/proc/sys/kernel/hostname"]})
+    );
+    assert_eq!(
+        plugin(&import, "slurm_cgroup")["capabilities"]["read-files"],
+        json!([
+            "/sys/devices/system/cpu/online",
+            "/sys/fs/cgroup/cgroup.controllers",
+            "/sys/fs/cgroup/slurm.slice/**",
+            "/proc/sys/kernel/hostname"
+        ])
+    );
+    let v1 = run(
+        json!({"collectors": {"slurm_cgroup": {"cgroup_version": "v1",
+                                                         "cgroup_v1_root": "/cg"}}}),
+    );
+    assert_eq!(
+        plugin(&v1, "slurm_cgroup")["capabilities"]["read-files"],
+        json!([
+            "/sys/devices/system/cpu/online",
+            "/sys/fs/cgroup/cgroup.controllers",
+            "/cg/memory/slurm/**",
+            "/cg/cpuacct/slurm/**",
+            "/cg/cpuset/slurm/**",
+            "/proc/sys/kernel/hostname"
+        ])
+    );
+    assert_eq!(plugin(&import, "cpustat")["path"], "/plugins/cpustat.wasm");
+    assert_eq!(plugin(&import, "cpustat")["collect-interval"], "10s");
+    assert!(
+        keys(&import.notes).contains(&"interval"),
+        "the default is said"
+    );
+}
+
+#[test]
+fn self_becomes_the_agents_self_section() {
+    let import = run(json!({"interval": "30s", "collectors": {
+        "self": {"read_mem_stats": true, "read_rusage": true}}}));
+    assert_eq!(
+        import.config["self"],
+        json!({"read_mem_stats": true, "read_rusage": true, "interval": "30s"})
+    );
+    assert!(import.config["plugins"].as_array().unwrap().is_empty());
+    let bad = run(json!({"collectors": {"self": {"read_everything": true}}}));
+    assert!(reason(&bad.left_out, "collectors.self").contains("read_everything"));
+}
+
+#[test]
+fn receivers_are_left_out_and_an_empty_set_is_not() {
+    let none = run(json!({"receivers": {}}));
+    assert!(none.left_out.is_empty());
+    let some = run(json!({"receivers": {"in": {"type": "nats"}}}));
+    assert_eq!(keys(&some.left_out), ["receivers.in"]);
+}
+
+#[test]
+fn the_router_carries_over_with_the_interval_and_without_unknown_fau_keys() {
+    let import = run(json!({"interval": "60s", "router": {
+        "rename_metrics": {"load_one": "cpu_load"}, "normalize_metrics": true}}));
+    assert_eq!(
+        import.config["router"],
+        json!({"rename_metrics": {"load_one": "cpu_load"}, "interval": "60s"})
+    );
+    assert!(reason(&import.notes, "router.normalize_metrics").contains("normalize_units"));
+    let bad = run(json!({"router": {"drop_metrics_if": ["name == "]}}));
+    assert!(bad.config.get("router").is_none());
+    assert!(reason(&bad.left_out, "router").contains("refuses"));
+    let unknown = run(json!({"router": {"no_such_option": 1}}));
+    assert!(reason(&unknown.left_out, "router").contains("no_such_option"));
+}
+
+#[test]
+fn the_cluster_comes_from_the_router_or_an_http_sink_or_must_be_given() {
+    let mut options = options();
+    options.cluster = None;
+    let (_d, file) = inline(json!({"router": {"add_tags": [
+        {"key": "cluster", "value": "fromrouter", "if": "*"}]}}));
+    assert_eq!(
+        import(&file, &options).unwrap().config["fleet"]["cluster"],
+        "fromrouter"
+    );
+    let (_d, file) = inline(json!({"sinks": {"ms": {"type": "http",
+        "url": "http://ms:8082/api/write?cluster=fromsink"}}}));
+    assert_eq!(
+        import(&file, &options).unwrap().config["fleet"]["cluster"],
+        "fromsink"
+    );
+    // A conditional tag is not every metric's cluster.
+    let e = run_err(
+        json!({"router": {"add_tags": [{"key": "cluster", "value": "x", "if": "name == 'a'"}]}}),
+        &options,
+    );
+    assert!(matches!(e, ImportError::NoCluster));
+    assert!(e.to_string().contains("--cluster"));
+}
+
+#[test]
+fn malformed_files_are_refused_naming_the_file_and_the_problem() {
+    let options = options();
+    let e = run_err(json!({"interval": 10}), &options);
+    assert!(
+        e.to_string().contains("`interval` must be a duration"),
+        "{e}"
+    );
+    let e = run_err(json!({"interval": "ten seconds"}), &options);
+    assert!(e.to_string().contains("\"ten seconds\""), "{e}");
+    let e = run_err(json!({"sinks": 3}), &options);
+    assert!(e.to_string().contains("`sinks` must name a file"), "{e}");
+    let e = run_err(json!({"main": []}), &options);
+    assert!(
+        e.to_string().contains("`main` must be a JSON object"),
+        "{e}"
+    );
+    let e = run_err(json!([1, 2]), &options);
+    assert!(
+        e.to_string()
+            .contains("the main file must be a JSON object"),
+        "{e}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        "{\"sinks\": \"sinks.json\"}",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("sinks.json"), "{not json").unwrap();
+    let e = import(dir.path(), &options).unwrap_err();
+    assert!(
+        e.to_string().contains("sinks.json") && e.to_string().contains("key must be a string"),
+        "{e}"
+    );
+    let e = import(&dir.path().join("nothing-here.json"), &options).unwrap_err();
+    assert!(matches!(e, ImportError::Read { .. }), "{e}");
+}
+
+#[test]
+fn a_named_file_is_found_as_written_beside_the_main_file_or_by_its_section_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let write =
+        |name: &str, v: Value| std::fs::write(dir.path().join(name), v.to_string()).unwrap();
+    write("my-sinks.json", json!({"o": {"type": "stdout"}}));
+    write("collectors.json", json!({"loadavg": {}}));
+    let other = tempfile::tempdir().unwrap();
+    let router = other.path().join("r.json");
+    std::fs::write(&router, json!({"rename_metrics": {"a": "b"}}).to_string()).unwrap();
+    write(
+        "config.json",
+        json!({"sinks": "/nonexistent/node/path/my-sinks.json",
+               "collectors": "/etc/cc-metric-collector/collectors2.json",
+               "router": router.to_str().unwrap()}),
+    );
+    let import = import(dir.path(), &options()).unwrap();
+    let read: Vec<(&str, &Path)> = import.read.iter().map(|(s, p)| (*s, p.as_path())).collect();
+    assert!(read.contains(&("sinks", dir.path().join("my-sinks.json").as_path())));
+    assert!(read.contains(&("collectors", dir.path().join("collectors.json").as_path())));
+    assert!(read.contains(&("router", router.as_path())));
+    assert_eq!(import.config["router"]["rename_metrics"], json!({"a": "b"}));
+}
