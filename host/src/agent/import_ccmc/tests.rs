@@ -390,3 +390,75 @@ fn a_named_file_is_found_as_written_beside_the_main_file_or_by_its_section_name(
     assert!(read.contains(&("router", router.as_path())));
     assert_eq!(import.config["router"]["rename_metrics"], json!({"a": "b"}));
 }
+
+/// Any JSON value, a few levels deep, with the keys the import looks at among others.
+fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let key = prop_oneof![
+        Just("type".to_owned()),
+        Just("url".to_owned()),
+        Just("jwt".to_owned()),
+        Just("host".to_owned()),
+        Just("port".to_owned()),
+        Just("subject".to_owned()),
+        Just("meta_as_tags".to_owned()),
+        Just("process_messages".to_owned()),
+        Just("add_tags".to_owned()),
+        Just("key".to_owned()),
+        Just("value".to_owned()),
+        Just("if".to_owned()),
+        Just("hostname".to_owned()),
+        Just("cgroup_base".to_owned()),
+        Just("cgroup_version".to_owned()),
+        "[a-z_]{1,8}",
+    ];
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        prop_oneof![
+            Just("http".to_owned()),
+            Just("nats".to_owned()),
+            Just("stdout".to_owned()),
+            Just("*".to_owned()),
+            Just("cluster".to_owned()),
+            Just("http://ms:8082/api/write?cluster=c".to_owned()),
+            ".{0,12}",
+        ]
+        .prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 48, 6, move |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            proptest::collection::btree_map(key.clone(), inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Whatever the sections hold, the import answers (a configuration or an error) and
+    /// never panics; a configuration it returns loads as the agent will load it.
+    #[test]
+    fn arbitrary_sections_never_panic_and_what_is_returned_loads(
+        collectors in any_json(), sinks in any_json(), router in any_json(),
+        receivers in any_json(), collector in "(cpustat|slurm_cgroup|self|netstat|likwid)",
+    ) {
+        let mut main = serde_json::Map::new();
+        main.insert("interval".into(), json!("10s"));
+        let mut named = serde_json::Map::new();
+        named.insert(collector, collectors.clone());
+        main.insert("collectors".into(), Value::Object(named));
+        main.insert("sinks".into(), sinks);
+        main.insert("router".into(), router);
+        main.insert("receivers".into(), receivers);
+        let (dir, file) = inline(Value::Object(main));
+        if let Ok(import) = import(&file, &options()) {
+            let text = import.config.to_string();
+            let loaded = crate::agent::AgentConfig::from_json(&text, dir.path());
+            proptest::prop_assert!(loaded.is_ok(), "{text}: {:?}", loaded.err());
+        }
+    }
+}
