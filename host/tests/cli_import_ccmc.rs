@@ -95,7 +95,6 @@ const SITES: &[(&str, Option<&str>, &[&str])] = &[
         &[
             "sinks.fritzganglia",
             "sinks.nhrinflux",
-            "collectors.cpufreq_cpuinfo",
             "collectors.lustrestat",
         ],
     ),
@@ -452,9 +451,10 @@ async fn collect_with_written_grants(config: &Value) -> Vec<(String, Result<usiz
 }
 
 /// Every collector with a plugin, with default settings.
-const WITH_PLUGINS: [&str; 16] = [
+const WITH_PLUGINS: [&str; 17] = [
     "cpustat",
     "cpufreq",
+    "cpufreq_cpuinfo",
     "diskstat",
     "ibstat",
     "iostat",

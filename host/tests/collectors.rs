@@ -1888,3 +1888,61 @@ async fn the_mount_info_grant_serves_three_files_and_nothing_else_of_the_agents_
         );
     }
 }
+
+/// `cpufreq` points of a `/proc/cpuinfo`: the first hwthread of each `(physical id, core
+/// id)`, in MHz.
+fn cpuinfo_expected(text: &str) -> Vec<Got> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let field = |key: &str| {
+            block
+                .lines()
+                .find(|l| l.split(':').next().map(str::trim) == Some(key))
+                .map(|l| l.split(':').nth(1).unwrap().trim().to_owned())
+        };
+        let (Some(cpu), Some(mhz), Some(core), Some(package)) = (
+            field("processor"),
+            field("cpu MHz"),
+            field("core id"),
+            field("physical id"),
+        ) else {
+            continue;
+        };
+        if seen.insert((package.clone(), core)) {
+            out.push(point(
+                "cpufreq",
+                &[
+                    ("type", "hwthread"),
+                    ("type-id", &cpu),
+                    ("package_id", &package),
+                    ("unit", "MHz"),
+                ],
+                V::F(mhz.parse().unwrap()),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpufreq_cpuinfo_sends_each_cores_clock_once_from_cpuinfo() {
+    let mut run = Run::hpc("cpufreq_cpuinfo", json!({}), &["/proc/cpuinfo"]).await;
+    let first = cpuinfo_expected(&read(run.root(), "/proc/cpuinfo"));
+    assert_eq!(first.len(), 2, "two cores, their siblings left out");
+    assert_points(run.collect(T1).await, first);
+    run.put_hpc(2);
+    let second = cpuinfo_expected(&read(run.root(), "/proc/cpuinfo"));
+    assert_points(run.collect(T2).await, second.clone());
+
+    // A damaged frequency fails that round only.
+    let text = read(run.root(), "/proc/cpuinfo");
+    run.write("/proc/cpuinfo", &text.replacen("1800.000", "1800,000", 1));
+    let message = run.collect_fails(T3).await;
+    assert!(
+        message.contains("/proc/cpuinfo") && message.contains("\"1800,000\""),
+        "{message}"
+    );
+    run.write("/proc/cpuinfo", &text);
+    assert_points(run.collect(T3 + 5_000_000_000).await, second);
+}

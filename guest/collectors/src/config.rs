@@ -11,8 +11,8 @@ use alloc::vec::Vec;
 use serde_json::{Map, Value};
 
 use crate::{
-    Common, cpufreq, cpustat, diskstat, ibstat, iostat, loadavg, memstat, netstat, nfsiostat,
-    nfsstat, numastats, rapl, schedstat, slurm_cgroup, tempstat,
+    Common, cpufreq, cpufreq_cpuinfo, cpustat, diskstat, ibstat, iostat, loadavg, memstat, netstat,
+    nfsiostat, nfsstat, numastats, rapl, schedstat, slurm_cgroup, tempstat,
 };
 
 /// A JSON object whose keys are taken one by one; [`Options::finish`] refuses the rest.
@@ -182,6 +182,14 @@ impl FromOptions for cpufreq::Cpufreq {
 
     fn from_options(_: &mut Options) -> Result<Self, String> {
         Ok(cpufreq::Cpufreq)
+    }
+}
+
+impl FromOptions for cpufreq_cpuinfo::CpufreqCpuinfo {
+    const NAME: &'static str = "cpufreq_cpuinfo";
+
+    fn from_options(_: &mut Options) -> Result<Self, String> {
+        Ok(cpufreq_cpuinfo::CpufreqCpuinfo)
     }
 }
 

@@ -24,6 +24,7 @@ use alloc::vec::Vec;
 #[cfg(feature = "json")]
 pub mod config;
 pub mod cpufreq;
+pub mod cpufreq_cpuinfo;
 pub mod cpustat;
 pub mod diskstat;
 pub mod ibstat;

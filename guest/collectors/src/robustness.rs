@@ -60,6 +60,7 @@ fn files() -> Memory {
         "/proc/self/mounts",
         "/proc/self/mountstats",
         "/proc/schedstat",
+        "/proc/cpuinfo",
         "/sys/class/infiniband/mlx5_0/ports/1/lid",
         "/sys/class/infiniband/mlx5_0/ports/1/counters/port_rcv_data",
         "/sys/class/infiniband/mlx5_0/ports/1/counters/port_xmit_data",
@@ -104,6 +105,7 @@ fn collectors() -> Vec<alloc::boxed::Box<dyn Collector>> {
         Box::new(crate::rapl::Rapl::default()),
         Box::new(crate::slurm_cgroup::SlurmCgroup::default()),
         Box::new(crate::diskstat::Diskstat::default()),
+        Box::new(crate::cpufreq_cpuinfo::CpufreqCpuinfo),
     ]
 }
 

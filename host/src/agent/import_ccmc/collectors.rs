@@ -8,8 +8,8 @@
 
 use ccfleet_collectors::config::{FromOptions, Options, common};
 use ccfleet_collectors::{
-    cpufreq, cpustat, diskstat, ibstat, iostat, loadavg, memstat, netstat, nfsiostat, nfsstat,
-    numastats, rapl, schedstat, slurm_cgroup, tempstat,
+    cpufreq, cpufreq_cpuinfo, cpustat, diskstat, ibstat, iostat, loadavg, memstat, netstat,
+    nfsiostat, nfsstat, numastats, rapl, schedstat, slurm_cgroup, tempstat,
 };
 use serde_json::{Map, Value, json};
 
@@ -49,6 +49,7 @@ pub fn check(name: &str, config: &str) -> Option<Result<(), String>> {
         "diskstat" => parse::<diskstat::Diskstat>(config),
         "numastats" => parse::<numastats::Numastats>(config),
         "cpufreq" => parse::<cpufreq::Cpufreq>(config),
+        "cpufreq_cpuinfo" => parse::<cpufreq_cpuinfo::CpufreqCpuinfo>(config),
         "tempstat" => parse::<tempstat::Tempstat>(config),
         "nfs3stat" => parse::<nfsstat::Nfs3stat>(config),
         "nfs4stat" => parse::<nfsstat::Nfs4stat>(config),
@@ -117,6 +118,7 @@ pub fn plan(name: &str, config: &Map<String, Value>) -> Plan {
             ]),
             false,
         ),
+        "cpufreq_cpuinfo" => (files(&["/proc/cpuinfo"]), false),
         "tempstat" => (files(&["/sys/class/hwmon/**"]), false),
         "nfs3stat" | "nfs4stat" => (files(&["/proc/net/rpc/nfs"]), false),
         "schedstat" => (files(&["/proc/schedstat"]), false),
@@ -156,9 +158,6 @@ fn unsupported_reason(name: &str) -> &'static str {
         "nvidia" => {
             "NVML is a native library no sandboxed plugin can load; the agent has no device \
              interface for it yet"
-        }
-        "cpufreq_cpuinfo" => {
-            "not ported yet; the `cpufreq` plugin reports the frequency from sysfs"
         }
         "ipmistat" | "gpfs" | "smartmon" | "customcmd" | "lustrestat" | "beegfs_meta"
         | "beegfs_storage" | "topprocs" => {
