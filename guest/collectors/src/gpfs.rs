@@ -122,6 +122,7 @@ pub struct Parsed {
 
 /// Parses `mmpmon -p` output.
 pub fn parse(text: &str) -> Result<Parsed, String> {
+    crate::whole_lines(text)?;
     let mut out = Parsed::default();
     for line in text.lines() {
         let tokens: Vec<&str> = line.split_ascii_whitespace().collect();

@@ -92,6 +92,7 @@ fn number(raw: &str, line: &str) -> Result<f64, String> {
 /// The readings of `ipmi-sensors --comma-separated-output`: `ID,Name,Type,Reading,Units,Event`
 /// after a header line.
 pub fn parse_ipmi_sensors(text: &str) -> Result<Vec<Reading>, String> {
+    crate::whole_lines(text)?;
     let mut out = Vec::new();
     for line in text.lines() {
         if line.trim().is_empty() {
@@ -117,6 +118,7 @@ pub fn parse_ipmi_sensors(text: &str) -> Result<Vec<Reading>, String> {
 
 /// The readings of `ipmitool sensor`: `name | reading | unit | status | thresholds...`.
 pub fn parse_ipmitool(text: &str) -> Result<Vec<Reading>, String> {
+    crate::whole_lines(text)?;
     let mut out = Vec::new();
     for line in text.lines() {
         if line.trim().is_empty() {

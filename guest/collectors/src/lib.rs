@@ -132,6 +132,20 @@ pub fn run_text(commands: &mut dyn Commands, name: &str) -> Result<String, Strin
         .map_err(|e| alloc::format!("command {name}: its output is not UTF-8 ({e})"))
 }
 
+/// Refuses output that ends inside a line: the tools the collectors read end every line,
+/// so a last line without its newline was cut short (and would pass for a shorter value).
+pub fn whole_lines(text: &str) -> Result<(), String> {
+    if text.is_empty() || text.ends_with('\n') {
+        Ok(())
+    } else {
+        let last = text.rsplit('\n').next().unwrap_or_default();
+        Err(alloc::format!(
+            "the output ends inside a line (cut short): {}",
+            quoted(last, 80)
+        ))
+    }
+}
+
 /// A metric value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {

@@ -88,6 +88,7 @@ impl Default for Config {
 
 /// The counters of [`COUNTERS`] per device, in the order of the output.
 pub fn parse(text: &str) -> Result<Vec<(String, [u64; 10])>, String> {
+    crate::whole_lines(text)?;
     let mut devices: Vec<(String, [u64; 10])> = Vec::new();
     for line in text.lines() {
         if line.trim().is_empty() {

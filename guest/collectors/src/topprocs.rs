@@ -46,6 +46,7 @@ impl Default for Config {
 
 /// The command names of `ps -o comm` output, in its order, after the header.
 pub fn parse(text: &str) -> Result<Vec<&str>, String> {
+    crate::whole_lines(text)?;
     let mut lines = text.lines();
     let header = lines.next().unwrap_or_default();
     if header.trim() != "COMMAND" {
