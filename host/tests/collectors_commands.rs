@@ -177,7 +177,7 @@ impl Run {
                     LpValue::Float(v) => V::F(*v),
                     LpValue::Int(v) => V::I(*v),
                     LpValue::Uint(v) => V::U(*v),
-                    LpValue::Str(v) => V::S(v.unescape().into_owned()),
+                    LpValue::String(v) => V::S(v.unescape().into_owned()),
                     other => panic!("unexpected value {other:?}"),
                 };
                 points.push(Got {
