@@ -313,7 +313,10 @@ async fn ipmistat_prefers_ipmi_sensors_and_recovers_after_failed_garbled_and_cut
     assert_points(run.collect(T1).await, expected.clone());
 
     // The tool fails: the round names the grant, the status and the tool's message.
-    run.failing("ipmi-sensors", Some("ipmi_ctx_open_inband: driver timeout\n"));
+    run.failing(
+        "ipmi-sensors",
+        Some("ipmi_ctx_open_inband: driver timeout\n"),
+    );
     let message = run.collect_fails(T2).await;
     assert_contains(
         &message,
@@ -329,7 +332,10 @@ async fn ipmistat_prefers_ipmi_sensors_and_recovers_after_failed_garbled_and_cut
     // Garbage instead of the table, then the table cut inside a line.
     run.output("ipmi-sensors", "Segmentation fault (core dumped)\n");
     let message = run.collect_fails(T3 + 1).await;
-    assert_contains(&message, &["not an ipmi-sensors line", "Segmentation fault"]);
+    assert_contains(
+        &message,
+        &["not an ipmi-sensors line", "Segmentation fault"],
+    );
     run.output("ipmi-sensors", &cut(&csv));
     let message = run.collect_fails(T3 + 2).await;
     assert_contains(&message, &["command ipmi-sensors"]);
@@ -359,7 +365,10 @@ async fn ipmistat_falls_back_to_ipmitool_and_keeps_only_included_sensors() {
         &table.replace("| 36.000     |", "| hot        |"),
     );
     let message = run.collect_fails(T2).await;
-    assert_contains(&message, &["command ipmitool-sensor", "\"hot\" is not a number"]);
+    assert_contains(
+        &message,
+        &["command ipmitool-sensor", "\"hot\" is not a number"],
+    );
     run.output("ipmitool-sensor", &table);
     assert_points(run.collect(T3).await, expected);
 }
@@ -389,14 +398,22 @@ async fn command_settings_that_name_executables_are_refused_at_init() {
             json!({"ipmitool_path": "/usr/bin/ipmitool"}),
             "`ipmitool_path` is not supported",
         ),
-        ("ipmistat", json!({"use_sudo": true}), "`use_sudo` is not supported"),
+        (
+            "ipmistat",
+            json!({"use_sudo": true}),
+            "`use_sudo` is not supported",
+        ),
         (
             "lustrestat",
             json!({"lctl_command": "/usr/sbin/lctl", "send_abs_values": true}),
             "names a grant",
         ),
         ("lustrestat", json!({}), "no metrics to collect"),
-        ("gpfs", json!({"mmpmon_path": "/usr/lpp/mmfs/bin/mmpmon"}), "not supported"),
+        (
+            "gpfs",
+            json!({"mmpmon_path": "/usr/lpp/mmfs/bin/mmpmon"}),
+            "not supported",
+        ),
         ("gpfs", json!({}), "no metrics to collect"),
         (
             "customcmd",
@@ -404,7 +421,11 @@ async fn command_settings_that_name_executables_are_refused_at_init() {
             "not command lines",
         ),
         ("customcmd", json!({}), "nothing to collect"),
-        ("topprocs", json!({"num_procs": 11}), "`num_procs` must be 1 to 10"),
+        (
+            "topprocs",
+            json!({"num_procs": 11}),
+            "`num_procs` must be 1 to 10",
+        ),
     ] {
         let err = match Run::start(component, config, &[], &[], &[]).await {
             Ok(_) => panic!("{component}: init must fail ({needle})"),
@@ -624,7 +645,10 @@ async fn lustrestat_sends_counters_increases_and_rates_per_device() {
     run.output("lctl-llite-stats", &cut(&rounds[2]));
     let message = run.collect_fails(T2 + 1).await;
     assert_contains(&message, &["lustrestat", "command lctl-llite-stats"]);
-    run.output("lctl-llite-stats", "error: get_param: param_path 'llite/*/stats': No such file or directory\n");
+    run.output(
+        "lctl-llite-stats",
+        "error: get_param: param_path 'llite/*/stats': No such file or directory\n",
+    );
     let message = run.collect_fails(T2 + 2).await;
     assert_contains(&message, &["a statistic before any llite", "No such file"]);
 
@@ -649,7 +673,12 @@ const GPFS: [(&str, &str, &str, bool); 8] = [
     ("_rdc_", "gpfs_num_reads", "gpfs_reads_rate", false),
     ("_wc_", "gpfs_num_writes", "gpfs_writes_rate", false),
     ("_dir_", "gpfs_num_readdirs", "gpfs_readdirs_rate", false),
-    ("_iu_", "gpfs_num_inode_updates", "gpfs_inode_updates_rate", false),
+    (
+        "_iu_",
+        "gpfs_num_inode_updates",
+        "gpfs_inode_updates_rate",
+        false,
+    ),
     ("_br_", "gpfs_bytes_read", "gpfs_bw_read", true),
     ("_bw_", "gpfs_bytes_written", "gpfs_bw_write", true),
 ];
@@ -746,7 +775,10 @@ async fn gpfs_sends_counters_totals_and_rates_over_mmpmons_own_timestamps() {
     .await
     .unwrap();
     let none = BTreeMap::new();
-    assert_points(run.collect(T1).await, gpfs_points(&tables[0], &none, "scratch"));
+    assert_points(
+        run.collect(T1).await,
+        gpfs_points(&tables[0], &none, "scratch"),
+    );
     run.output("mmpmon-fs-io", &rounds[1]);
     assert_points(
         run.collect(T2).await,
@@ -792,10 +824,7 @@ fn customcmd_points(text: &str, excluded: &str) -> Vec<Got> {
         let mut parts = line.split(' ');
         let series = parts.next().unwrap();
         let fields = parts.next().unwrap();
-        let Some(raw) = fields
-            .split(',')
-            .find_map(|f| f.strip_prefix("value="))
-        else {
+        let Some(raw) = fields.split(',').find_map(|f| f.strip_prefix("value=")) else {
             continue;
         };
         let value = if let Some(s) = raw.strip_prefix('"') {
@@ -843,17 +872,30 @@ async fn customcmd_forwards_granted_commands_and_files_of_line_protocol() {
     run.file("/var/run/licenses.metrics", &file);
     let mut expected = customcmd_points(&app, "");
     expected.extend(customcmd_points(&file, "license_tokens_used"));
-    assert_eq!(expected.len(), 4, "three points of the command, one of the file");
+    assert_eq!(
+        expected.len(),
+        4,
+        "three points of the command, one of the file"
+    );
     assert_points(run.collect(T1).await, expected.clone());
 
     // A line that is not line protocol fails the round, naming the source and the line.
     run.output("gateway", &format!("{app}gateway_broken,type=node\n"));
     let message = run.collect_fails(T2).await;
-    assert_contains(&message, &["customcmd", "command gateway", "line 6: no fields"]);
+    assert_contains(
+        &message,
+        &["customcmd", "command gateway", "line 6: no fields"],
+    );
     run.output("gateway", &app);
     run.failing("gateway", Some("gateway unreachable\n"));
     let message = run.collect_fails(T2 + 1).await;
-    assert_contains(&message, &["command gateway exited with status 1", "gateway unreachable"]);
+    assert_contains(
+        &message,
+        &[
+            "command gateway exited with status 1",
+            "gateway unreachable",
+        ],
+    );
     run.failing("gateway", None);
     assert_points(run.collect(T3).await, expected);
 }
@@ -867,10 +909,34 @@ async fn customcmd_forwards_granted_commands_and_files_of_line_protocol() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vendor_tools_where_installed() {
     let tools = [
-        ("ipmistat", "ipmi-sensors", "/usr/sbin/ipmi-sensors", vec!["--comma-separated-output"], json!({"ipmitool_command": ""})),
-        ("ipmistat", "ipmitool-sensor", "/usr/bin/ipmitool", vec!["sensor"], json!({"ipmisensors_command": ""})),
-        ("lustrestat", "lctl-llite-stats", "/usr/sbin/lctl", vec!["get_param", "llite.*.stats"], json!({"send_abs_values": true})),
-        ("gpfs", "mmpmon-fs-io", "/usr/lpp/mmfs/bin/mmpmon", vec!["-p", "-s"], json!({"send_abs_values": true})),
+        (
+            "ipmistat",
+            "ipmi-sensors",
+            "/usr/sbin/ipmi-sensors",
+            vec!["--comma-separated-output"],
+            json!({"ipmitool_command": ""}),
+        ),
+        (
+            "ipmistat",
+            "ipmitool-sensor",
+            "/usr/bin/ipmitool",
+            vec!["sensor"],
+            json!({"ipmisensors_command": ""}),
+        ),
+        (
+            "lustrestat",
+            "lctl-llite-stats",
+            "/usr/sbin/lctl",
+            vec!["get_param", "llite.*.stats"],
+            json!({"send_abs_values": true}),
+        ),
+        (
+            "gpfs",
+            "mmpmon-fs-io",
+            "/usr/lpp/mmfs/bin/mmpmon",
+            vec!["-p", "-s"],
+            json!({"send_abs_values": true}),
+        ),
     ];
     for (component, grant, path, args, mut config) in tools {
         if !Path::new(path).is_file() {
@@ -912,7 +978,10 @@ async fn vendor_tools_where_installed() {
                 while let Ok(batch) = run.rx.try_recv() {
                     for line in Decoder::new(&batch.lines) {
                         let line = line.expect("valid line protocol");
-                        assert!(line.tags().any(|(k, v)| k.raw() == "type" && v.raw() == "node"));
+                        assert!(
+                            line.tags()
+                                .any(|(k, v)| k.raw() == "type" && v.raw() == "node")
+                        );
                     }
                 }
             }

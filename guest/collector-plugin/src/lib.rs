@@ -119,7 +119,10 @@ fn runner<C: FromOptions>(config: &str) -> Result<Runner<C>, String> {
 }
 
 /// Applies a service configuration's extra tags to `runner`.
-fn apply_config<C: FromOptions>(runner: &mut Runner<C>, update: ConfigUpdate) -> Result<(), String> {
+fn apply_config<C: FromOptions>(
+    runner: &mut Runner<C>,
+    update: ConfigUpdate,
+) -> Result<(), String> {
     let Some(text) = update.config else {
         return Ok(());
     };

@@ -99,8 +99,9 @@ impl CommandCollector for Customcmd {
         let mut round = Vec::new();
         let mut errors: Vec<String> = Vec::new();
         for grant in &self.config.commands {
-            let result = run_text(commands, grant)
-                .and_then(|text| samples(&text, &mut round).map_err(|e| format!("command {grant}: {e}")));
+            let result = run_text(commands, grant).and_then(|text| {
+                samples(&text, &mut round).map_err(|e| format!("command {grant}: {e}"))
+            });
             if let Err(e) = result {
                 errors.push(e);
             }

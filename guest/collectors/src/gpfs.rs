@@ -55,7 +55,12 @@ pub const QUANTITIES: [(&str, &str, &str, bool); 11] = [
     ("_rdc_", "gpfs_num_reads", "gpfs_reads_rate", false),
     ("_wc_", "gpfs_num_writes", "gpfs_writes_rate", false),
     ("_dir_", "gpfs_num_readdirs", "gpfs_readdirs_rate", false),
-    ("_iu_", "gpfs_num_inode_updates", "gpfs_inode_updates_rate", false),
+    (
+        "_iu_",
+        "gpfs_num_inode_updates",
+        "gpfs_inode_updates_rate",
+        false,
+    ),
     ("_br_", "gpfs_bytes_read", "gpfs_bw_read", true),
     ("_bw_", "gpfs_bytes_written", "gpfs_bw_write", true),
     ("bytesTotal", "gpfs_bytes_total", "gpfs_bw_total", true),
@@ -137,8 +142,11 @@ pub fn parse(text: &str) -> Result<Parsed, String> {
             continue;
         }
         let pairs = &tokens[1..];
-        if pairs.len() % 2 != 0 || pairs.chunks(2).any(|p| !is_key(p[0])) {
-            return Err(format!("a record cut short or garbled: {}", quoted(line, 120)));
+        if !pairs.len().is_multiple_of(2) || pairs.chunks(2).any(|p| !is_key(p[0])) {
+            return Err(format!(
+                "a record cut short or garbled: {}",
+                quoted(line, 120)
+            ));
         }
         let get = |key: &str| pairs.chunks(2).find(|p| p[0] == key).map(|p| p[1]);
         let number = |key: &str| -> Result<u64, String> {
@@ -158,7 +166,8 @@ pub fn parse(text: &str) -> Result<Parsed, String> {
         for (slot, (key, ..)) in values.iter_mut().zip(&QUANTITIES[..READ]) {
             *slot = number(key)?;
         }
-        let sum = |v: &[u64; 11], idx: &[usize]| idx.iter().fold(0u64, |a, i| a.wrapping_add(v[*i]));
+        let sum =
+            |v: &[u64; 11], idx: &[usize]| idx.iter().fold(0u64, |a, i| a.wrapping_add(v[*i]));
         values[8] = sum(&values, &[6, 7]);
         values[9] = sum(&values, &[2, 3]);
         values[10] = sum(&values, &[0, 1, 4, 5]);
@@ -279,7 +288,19 @@ mod tests {
         assert!((got[0].time - 1066660148.407431).abs() < 1e-6);
         assert_eq!(
             got[0].values,
-            [10, 16, 101, 300, 7, 2, 6291456, 314572800, 6291456 + 314572800, 401, 35]
+            [
+                10,
+                16,
+                101,
+                300,
+                7,
+                2,
+                6291456,
+                314572800,
+                6291456 + 314572800,
+                401,
+                35
+            ]
         );
     }
 
@@ -293,7 +314,10 @@ mod tests {
             ("Segmentation fault\n", "not an mmpmon -p record"),
             ("_fs_io_s_ _n_ 1.2.3.4 _nn_\n", "cut short"),
             ("_fs_io_s_ _rc_ 0 _t_ 1 _tu_ 2 _fs_ a _br_ 1\n", "no _oc_"),
-            ("_fs_io_s_ _rc_ 0 _t_ 1 _tu_ x _fs_ a\n", "_tu_ is not a number"),
+            (
+                "_fs_io_s_ _rc_ 0 _t_ 1 _tu_ x _fs_ a\n",
+                "_tu_ is not a number",
+            ),
             ("_fs_io_s_ _rc_ 0 _t_ 1 _tu_ 2\n", "no _fs_"),
         ] {
             let err = parse(text).unwrap_err();

@@ -86,7 +86,13 @@ fn number(raw: &str, line: &str) -> Result<f64, String> {
             .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+' | b'e' | b'E'));
     ok.then(|| raw.parse::<f64>().ok())
         .flatten()
-        .ok_or_else(|| format!("the reading {} is not a number: {}", quoted(raw, 40), quoted(line, 120)))
+        .ok_or_else(|| {
+            format!(
+                "the reading {} is not a number: {}",
+                quoted(raw, 40),
+                quoted(line, 120)
+            )
+        })
 }
 
 /// The readings of `ipmi-sensors --comma-separated-output`: `ID,Name,Type,Reading,Units,Event`
@@ -126,7 +132,10 @@ pub fn parse_ipmitool(text: &str) -> Result<Vec<Reading>, String> {
         }
         let fields: Vec<&str> = line.split('|').collect();
         if fields.len() < 4 {
-            return Err(format!("not an ipmitool sensor line: {}", quoted(line, 120)));
+            return Err(format!(
+                "not an ipmitool sensor line: {}",
+                quoted(line, 120)
+            ));
         }
         let reading = fields[1].trim();
         let unit = fields[2].trim();
@@ -230,7 +239,11 @@ impl CommandCollector for Ipmistat {
             {
                 continue;
             }
-            let mut sample = Sample::new(reading.name, &[("type", "node")], Value::Float(reading.value));
+            let mut sample = Sample::new(
+                reading.name,
+                &[("type", "node")],
+                Value::Float(reading.value),
+            );
             sample.unit = reading.unit;
             out.push(sample);
         }
@@ -252,8 +265,16 @@ mod tests {
         assert_eq!(
             got,
             [
-                Reading { name: "cpu_temp".into(), value: 36.0, unit: Some("degC".into()) },
-                Reading { name: "fan1".into(), value: 3200.0, unit: Some("RPM".into()) },
+                Reading {
+                    name: "cpu_temp".into(),
+                    value: 36.0,
+                    unit: Some("degC".into())
+                },
+                Reading {
+                    name: "fan1".into(),
+                    value: 3200.0,
+                    unit: Some("RPM".into())
+                },
             ]
         );
         let err = parse_ipmitool("CPU Temp | 36.0\n").unwrap_err();
@@ -272,8 +293,16 @@ mod tests {
         assert_eq!(
             got,
             [
-                Reading { name: "cpu_temp".into(), value: 36.0, unit: Some("C".into()) },
-                Reading { name: "+3.3v".into(), value: 3.31, unit: Some("V".into()) },
+                Reading {
+                    name: "cpu_temp".into(),
+                    value: 36.0,
+                    unit: Some("C".into())
+                },
+                Reading {
+                    name: "+3.3v".into(),
+                    value: 3.31,
+                    unit: Some("V".into())
+                },
             ]
         );
         assert!(parse_ipmi_sensors("4,CPU Temp,Temp\n").is_err());

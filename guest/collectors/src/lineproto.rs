@@ -218,10 +218,7 @@ mod tests {
                 ("path".to_string(), "a,b=c".to_string())
             ]
         );
-        assert_eq!(
-            lines[0].fields,
-            [("value".to_string(), Field::Float(1.5))]
-        );
+        assert_eq!(lines[0].fields, [("value".to_string(), Field::Float(1.5))]);
         assert_eq!(lines[0].time, Some(1_700_000_000_000_000_000));
         assert_eq!(lines[1].fields[0].1, Field::Int(12));
         assert_eq!(lines[1].fields[1].1, Field::Str("say \"hi\"".to_string()));
@@ -234,7 +231,10 @@ mod tests {
     fn malformed_lines_are_errors_naming_the_line() {
         for (text, needle) in [
             ("m\n", "line 1: no fields"),
-            ("ok value=1\nm,t value=1\n", "line 2: tag \"t\" has no value"),
+            (
+                "ok value=1\nm,t value=1\n",
+                "line 2: tag \"t\" has no value",
+            ),
             ("m value=abc\n", "field \"value\" has no valid value"),
             ("m value=\"open\n", "is not closed"),
             ("m value=1 12x\n", "timestamp is not an integer"),

@@ -95,11 +95,14 @@ pub fn parse(text: &str) -> Result<Vec<(String, [u64; 10])>, String> {
             continue;
         }
         if let Some(rest) = line.strip_prefix("llite.") {
-            let device = rest.strip_suffix(".stats=").ok_or_else(|| {
-                format!("not an llite stats header: {}", quoted(line, 120))
-            })?;
+            let device = rest
+                .strip_suffix(".stats=")
+                .ok_or_else(|| format!("not an llite stats header: {}", quoted(line, 120)))?;
             if device.is_empty() || devices.iter().any(|(d, _)| d == device) {
-                return Err(format!("an empty or repeated device: {}", quoted(line, 120)));
+                return Err(format!(
+                    "an empty or repeated device: {}",
+                    quoted(line, 120)
+                ));
             }
             devices.push((device.to_owned(), [0; 10]));
             continue;
@@ -189,9 +192,8 @@ impl CommandCollector for Lustrestat {
         for (device, counters) in devices {
             let tags = [("type", "node"), ("device", device.as_str())];
             let old = self.previous.get(&device);
-            let deltas: [Option<u64>; 10] = core::array::from_fn(|i| {
-                old.and_then(|old| counters[i].checked_sub(old[i]))
-            });
+            let deltas: [Option<u64>; 10] =
+                core::array::from_fn(|i| old.and_then(|old| counters[i].checked_sub(old[i])));
             for (i, (name, _, _, unit)) in COUNTERS.iter().enumerate() {
                 let with_unit = |s: Sample| if unit.is_empty() { s } else { s.unit(unit) };
                 if self.config.send_abs_values {
@@ -260,7 +262,10 @@ mod tests {
     fn garbage_and_cut_lines_are_errors() {
         for (text, needle) in [
             ("read_bytes 17 samples\n", "before any llite"),
-            ("llite.x.stats=\nread_bytes 17 samples [bytes] 0 4\n", "no byte sum"),
+            (
+                "llite.x.stats=\nread_bytes 17 samples [bytes] 0 4\n",
+                "no byte sum",
+            ),
             ("llite.x.stats=\nopen many samples\n", "not a number"),
             ("llite.x.stat\n", "not an llite stats header"),
             ("llite.x.stats=\nllite.x.stats=\n", "repeated device"),

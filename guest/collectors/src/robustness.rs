@@ -244,7 +244,9 @@ fn damaged_command_output_fails_a_round_at_most_and_never_panics() {
                 let mut commands = good.clone();
                 collector
                     .collect(&mut commands, &mut files, 4_000_000_000, &mut out)
-                    .unwrap_or_else(|e| panic!("{}: recovery after {grant}: {e}", collector.name()));
+                    .unwrap_or_else(|e| {
+                        panic!("{}: recovery after {grant}: {e}", collector.name())
+                    });
             }
         }
     }
@@ -261,7 +263,8 @@ fn arbitrary_output_never_panics_a_parser() {
         state ^= state << 17;
         state
     };
-    let alphabet: &[u8] = b"_0123456789.,|= \n\"\\-+eExiu#llite.stats=_fs_io_s_ _rc_ COMMAND N/A na 0x";
+    let alphabet: &[u8] =
+        b"_0123456789.,|= \n\"\\-+eExiu#llite.stats=_fs_io_s_ _rc_ COMMAND N/A na 0x";
     for round in 0..20_000 {
         let len = (next() % 160) as usize;
         let mut bytes: Vec<u8> = (0..len)
