@@ -1,8 +1,9 @@
 //! The command collector plugins (`ipmistat`, `customcmd`, `topprocs`, `lustrestat`, `gpfs`)
 //! through the plugin host, running granted commands.
 //!
-//! The tools are played by `fixtures/commands/replay.sh`, which prints a recorded output
-//! (`fixtures/commands/*.txt`, in the formats the tools document) from a file this test
+//! The tools are played by `fixtures/commands/replay.sh`, which prints an output written by
+//! hand in the tool's documented format (`fixtures/commands/*.txt`, `.csv`, `.lp`; the first
+//! `mmpmon` records are the example of IBM's documentation) from a file this test
 //! rewrites between rounds, or fails as a tool that cannot reach its device when a `.fail`
 //! file sits beside it. Each test calls `collect` on the real component with chosen
 //! timestamps, decodes the line protocol it emitted and compares every point (name, tags
