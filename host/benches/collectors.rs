@@ -334,10 +334,11 @@ impl<C: Collector> Native<C> {
         for &i in &self.order {
             enc.add_tag(&tags[i].0, &tags[i].1).unwrap();
         }
-        let value = match sample.value {
-            Value::Float(v) => FieldRef::Float(v),
-            Value::Int(v) => FieldRef::Int(v),
-            Value::Uint(v) => FieldRef::Uint(v),
+        let value = match &sample.value {
+            Value::Float(v) => FieldRef::Float(*v),
+            Value::Int(v) => FieldRef::Int(*v),
+            Value::Uint(v) => FieldRef::Uint(*v),
+            Value::Str(v) => FieldRef::Str(v),
         };
         enc.add_field("value", value).unwrap();
         enc.end_line(Some(now_ns)).unwrap();

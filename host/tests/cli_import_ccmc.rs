@@ -71,32 +71,17 @@ const SITES: &[(&str, Option<&str>, &[&str])] = &[
     (
         "alex",
         None,
-        &[
-            "sinks.nhrinflux",
-            "collectors.ipmistat",
-            "collectors.likwid",
-            "collectors.lustrestat",
-            "collectors.nvidia",
-        ],
+        &["sinks.nhrinflux", "collectors.likwid", "collectors.nvidia"],
     ),
     (
         "fritz",
         None,
-        &[
-            "sinks.fritzganglia",
-            "sinks.nhrinflux",
-            "collectors.likwid",
-            "collectors.lustrestat",
-        ],
+        &["sinks.fritzganglia", "sinks.nhrinflux", "collectors.likwid"],
     ),
     (
         "fritz.spr",
         None,
-        &[
-            "sinks.fritzganglia",
-            "sinks.nhrinflux",
-            "collectors.lustrestat",
-        ],
+        &["sinks.fritzganglia", "sinks.nhrinflux"],
     ),
     ("meggie-ng", None, &["sinks.nhrinflux", "collectors.likwid"]),
     (
@@ -188,19 +173,19 @@ fn every_fau_configuration_converts_and_passes_check_config() {
             .unwrap(),
         )
         .unwrap();
-        let mut plugins: Vec<&str> = config["plugins"]
+        let mut plugins: Vec<String> = config["plugins"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|p| p["name"].as_str().unwrap())
+            .map(|p| p["name"].as_str().unwrap().to_owned())
             .collect();
         plugins.sort();
-        let mut carried: Vec<&str> = source_collectors
+        let mut carried: Vec<String> = source_collectors
             .as_object()
             .unwrap()
             .keys()
-            .map(String::as_str)
             .filter(|name| !expected.contains(&format!("collectors.{name}").as_str()))
+            .cloned()
             .collect();
         carried.sort();
         assert_eq!(plugins, carried, "{what}: one plugin per carried collector");
@@ -220,6 +205,22 @@ fn every_fau_configuration_converts_and_passes_check_config() {
         };
         assert_eq!(config["fleet"]["cluster"], cluster, "{what}");
 
+        // The vendor tools the command collectors run are not on this machine: their
+        // grants point at a stand-in so the check (which opens each granted executable)
+        // covers everything else.
+        let mut config = config;
+        for plugin in config["plugins"].as_array_mut().unwrap() {
+            if let Some(run) = plugin["capabilities"]
+                .get_mut("run")
+                .and_then(Value::as_object_mut)
+            {
+                for grant in run.values_mut() {
+                    assert!(grant["path"].as_str().unwrap().starts_with('/'), "{what}");
+                    grant["path"] = json!("/bin/true");
+                }
+            }
+        }
+        std::fs::write(&output, config.to_string()).unwrap();
         let checked = check_config(&output);
         let report = text(&checked.stdout);
         assert!(checked.status.success(), "{what}: {report}");

@@ -7,6 +7,10 @@
 //! Files are read through the agent's `cc:fleet/files`, which maps them under the plugin's
 //! `capabilities.files-root` when one is set (fixtures), so the collector always asks for
 //! `/proc/...` and `/sys/...`.
+//!
+//! Collectors of what commands report ([`CommandCollector`]) run the commands of the
+//! plugin's `capabilities.run` through the agent's `cc:fleet/commands` ([`HostCommands`]),
+//! exported with [`export_command_collector!`].
 #![no_std]
 #![warn(missing_docs)]
 
@@ -16,7 +20,9 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use ccfleet_collectors::config::{FromOptions, Options, common, extra_tags};
-use ccfleet_collectors::{Collector, Files, FsStats, Runner, Sample, Value};
+use ccfleet_collectors::{
+    Collector, CommandCollector, CommandOutput, Commands, Files, FsStats, Runner, Sample, Value,
+};
 use ccfleet_guest::lineproto::FieldRef;
 use ccfleet_guest::{ConfigUpdate, Level, Lines, log};
 
@@ -45,6 +51,20 @@ impl Files for HostFiles {
     }
 }
 
+/// [`Commands`] through the agent's `cc:fleet/commands`.
+pub struct HostCommands;
+
+impl Commands for HostCommands {
+    fn run(&mut self, name: &str) -> Result<CommandOutput, String> {
+        let output = ccfleet_guest::commands::run(name)?;
+        Ok(CommandOutput {
+            status: output.status,
+            stdout: output.stdout,
+            stderr: output.stderr,
+        })
+    }
+}
+
 /// A collector as a plugin.
 pub struct CollectorPlugin<C> {
     runner: Runner<C>,
@@ -54,10 +74,11 @@ pub struct CollectorPlugin<C> {
 
 /// Encodes a sample at `now_ns` into `lines`.
 pub fn encode(lines: &mut Lines, sample: &Sample, now_ns: i64) -> Result<(), String> {
-    let value = match sample.value {
-        Value::Float(v) => FieldRef::Float(v),
-        Value::Int(v) => FieldRef::Int(v),
-        Value::Uint(v) => FieldRef::Uint(v),
+    let value = match &sample.value {
+        Value::Float(v) => FieldRef::Float(*v),
+        Value::Int(v) => FieldRef::Int(*v),
+        Value::Uint(v) => FieldRef::Uint(*v),
+        Value::Str(v) => FieldRef::Str(v),
     };
     lines.point(
         &sample.name,
@@ -69,50 +90,106 @@ pub fn encode(lines: &mut Lines, sample: &Sample, now_ns: i64) -> Result<(), Str
 
 impl<C: Collector + FromOptions> ccfleet_guest::Plugin for CollectorPlugin<C> {
     fn init(config: &str) -> Result<Self, String> {
-        let mut options = Options::parse(C::NAME, config)?;
-        let shared = common(&mut options)?;
-        let collector = C::from_options(&mut options)?.with_common(&shared);
-        options.finish()?;
-        let mut runner = Runner::new(shared, collector);
-        let hostname = runner.hostname(&mut HostFiles)?;
-        log!(Level::Info, "{} ready as host {hostname}", C::NAME);
         Ok(CollectorPlugin {
-            runner,
+            runner: runner(config)?,
             lines: Lines::new(),
         })
     }
 
     fn on_config(&mut self, update: ConfigUpdate) -> Result<(), String> {
-        let Some(text) = update.config else {
-            return Ok(());
-        };
-        let tags = extra_tags(C::NAME, &text)?;
-        if tags != self.runner.common.extra_tags {
-            let shown: Vec<String> = tags
-                .iter()
-                .map(|(k, v)| alloc::format!("{k}={v}"))
-                .collect();
-            log!(
-                Level::Info,
-                "config revision {}: extra tags [{}]",
-                update.revision,
-                shown.join(", ")
-            );
-            self.runner.common.extra_tags = tags;
-        }
-        Ok(())
+        apply_config(&mut self.runner, update)
     }
 
     fn collect(&mut self, now_ns: i64) -> Result<(), String> {
         let samples = self.runner.collect(&mut HostFiles, now_ns)?;
-        for sample in &samples {
-            if let Err(reason) = encode(&mut self.lines, sample, now_ns) {
-                self.lines.clear();
-                return Err(reason);
-            }
-        }
-        self.lines.emit()
+        emit(&mut self.lines, &samples, now_ns)
     }
+}
+
+/// The runner of a collector built from the plugin's `init` configuration.
+fn runner<C: FromOptions>(config: &str) -> Result<Runner<C>, String> {
+    let mut options = Options::parse(C::NAME, config)?;
+    let shared = common(&mut options)?;
+    let collector = C::from_options(&mut options)?.with_common(&shared);
+    options.finish()?;
+    let mut runner = Runner::wrap(shared, collector);
+    let hostname = runner.hostname(&mut HostFiles)?;
+    log!(Level::Info, "{} ready as host {hostname}", C::NAME);
+    Ok(runner)
+}
+
+/// Applies a service configuration's extra tags to `runner`.
+fn apply_config<C: FromOptions>(
+    runner: &mut Runner<C>,
+    update: ConfigUpdate,
+) -> Result<(), String> {
+    let Some(text) = update.config else {
+        return Ok(());
+    };
+    let tags = extra_tags(C::NAME, &text)?;
+    if tags != runner.common.extra_tags {
+        let shown: Vec<String> = tags
+            .iter()
+            .map(|(k, v)| alloc::format!("{k}={v}"))
+            .collect();
+        log!(
+            Level::Info,
+            "config revision {}: extra tags [{}]",
+            update.revision,
+            shown.join(", ")
+        );
+        runner.common.extra_tags = tags;
+    }
+    Ok(())
+}
+
+/// Encodes a round's samples into `lines` and emits them; nothing is emitted when one
+/// cannot be encoded.
+fn emit(lines: &mut Lines, samples: &[Sample], now_ns: i64) -> Result<(), String> {
+    for sample in samples {
+        if let Err(reason) = encode(lines, sample, now_ns) {
+            lines.clear();
+            return Err(reason);
+        }
+    }
+    lines.emit()
+}
+
+/// A command collector as a plugin.
+pub struct CommandCollectorPlugin<C> {
+    runner: Runner<C>,
+    /// The round's points as line protocol, kept (empty) for the next round.
+    lines: Lines,
+}
+
+impl<C: CommandCollector + FromOptions> ccfleet_guest::Plugin for CommandCollectorPlugin<C> {
+    fn init(config: &str) -> Result<Self, String> {
+        Ok(CommandCollectorPlugin {
+            runner: runner(config)?,
+            lines: Lines::new(),
+        })
+    }
+
+    fn on_config(&mut self, update: ConfigUpdate) -> Result<(), String> {
+        apply_config(&mut self.runner, update)
+    }
+
+    fn collect(&mut self, now_ns: i64) -> Result<(), String> {
+        let samples = self
+            .runner
+            .collect_commands(&mut HostCommands, &mut HostFiles, now_ns)?;
+        emit(&mut self.lines, &samples, now_ns)
+    }
+}
+
+/// Exports a command collector type of `ccfleet-collectors` as this component's plugin:
+/// `ccfleet_collector_plugin::export_command_collector!(ccfleet_collectors::ipmistat::Ipmistat);`.
+#[macro_export]
+macro_rules! export_command_collector {
+    ($collector:ty) => {
+        type __Exported = $crate::CommandCollectorPlugin<$collector>;
+        $crate::ccfleet_guest::export_plugin!(__Exported);
+    };
 }
 
 /// Exports a collector type of `ccfleet-collectors` as this component's plugin:

@@ -11,8 +11,9 @@ use alloc::vec::Vec;
 use serde_json::{Map, Value};
 
 use crate::{
-    Common, cpufreq, cpufreq_cpuinfo, cpustat, diskstat, ibstat, iostat, loadavg, memstat, netstat,
-    nfsiostat, nfsstat, numastats, rapl, schedstat, slurm_cgroup, tempstat,
+    Common, cpufreq, cpufreq_cpuinfo, cpustat, customcmd, diskstat, gpfs, ibstat, iostat, ipmistat,
+    loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, rapl, schedstat,
+    slurm_cgroup, tempstat, topprocs,
 };
 
 /// A JSON object whose keys are taken one by one; [`Options::finish`] refuses the rest.
@@ -67,6 +68,47 @@ impl Options {
                 _ => Err(self.wrong(key, "a list of strings")),
             })
             .collect()
+    }
+
+    /// A non-negative integer, `default` when absent.
+    pub fn uint(&mut self, key: &str, default: u64) -> Result<u64, String> {
+        match self.map.remove(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64().unwrap_or(default)),
+            Some(_) => Err(self.wrong(key, "a non-negative integer")),
+        }
+    }
+
+    /// The name of a grant of `capabilities.run`, `default` when absent; a path or command
+    /// line (what cc-metric-collector's keys hold) is refused, saying what to do instead.
+    pub fn grant(&mut self, key: &str, default: &str) -> Result<String, String> {
+        let name = self.string(key)?.unwrap_or_else(|| default.to_owned());
+        if name.contains('/') || name.chars().any(char::is_whitespace) {
+            return Err(format!(
+                "{}: `{key}` names a grant of the plugin's capabilities.run, not a path or \
+                 command line ({:?}): grant the executable and its arguments there under a \
+                 name and give that name",
+                self.collector,
+                crate::quoted(&name, 80)
+            ));
+        }
+        Ok(name)
+    }
+
+    /// Refuses cc-metric-collector's keys that name executables or `sudo`, which a plugin
+    /// cannot use: the operator grants commands (with a `user`) in `capabilities.run`.
+    pub fn refuse_executables(&mut self, keys: &[&str]) -> Result<(), String> {
+        for key in keys.iter().copied().chain(["use_sudo"]) {
+            if self.map.remove(key).is_some() {
+                return Err(format!(
+                    "{}: `{key}` is not supported: commands are granted in the plugin's \
+                     capabilities.run (an absolute path, fixed arguments and a `user` to run \
+                     as), and the configuration names the grant",
+                    self.collector
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// A list of strings.
@@ -367,6 +409,105 @@ impl FromOptions for slurm_cgroup::SlurmCgroup {
             cgroup_root: o.string("cgroup_v1_root")?.unwrap_or(d.cgroup_root),
             version,
         }))
+    }
+}
+
+impl FromOptions for ipmistat::Ipmistat {
+    const NAME: &'static str = "ipmistat";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        o.refuse_executables(&["ipmitool_path", "ipmisensors_path"])?;
+        let config = ipmistat::Config {
+            ipmisensors_command: o.grant("ipmisensors_command", ipmistat::IPMISENSORS_GRANT)?,
+            ipmitool_command: o.grant("ipmitool_command", ipmistat::IPMITOOL_GRANT)?,
+            include_metrics: o
+                .strings("include_metrics")?
+                .unwrap_or_default()
+                .iter()
+                .map(|m| m.trim().to_lowercase())
+                .filter(|m| !m.is_empty())
+                .collect(),
+        };
+        if config.ipmisensors_command.is_empty() && config.ipmitool_command.is_empty() {
+            return Err(
+                "ipmistat: `ipmisensors_command` and `ipmitool_command` are both empty".to_owned(),
+            );
+        }
+        Ok(ipmistat::Ipmistat::new(config))
+    }
+}
+
+impl FromOptions for customcmd::Customcmd {
+    const NAME: &'static str = "customcmd";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        let commands = o.strings("commands")?.unwrap_or_default();
+        for command in &commands {
+            if command.is_empty() || command.contains('/') || command.contains(' ') {
+                return Err(format!(
+                    "customcmd: `commands` names grants of the plugin's capabilities.run, not \
+                     command lines ({}): grant the executable and its arguments there under a \
+                     name and list that name",
+                    crate::quoted(command, 80)
+                ));
+            }
+        }
+        customcmd::Customcmd::new(customcmd::Config {
+            commands,
+            files: o.strings("files")?.unwrap_or_default(),
+        })
+    }
+}
+
+impl FromOptions for topprocs::Topprocs {
+    const NAME: &'static str = "topprocs";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        let d = topprocs::Config::default();
+        let num_procs = o.uint("num_procs", d.num_procs as u64)?;
+        if !(1..=topprocs::MAX_NUM_PROCS).contains(&num_procs) {
+            return Err(format!(
+                "topprocs: `num_procs` must be 1 to {}, not {num_procs}",
+                topprocs::MAX_NUM_PROCS
+            ));
+        }
+        Ok(topprocs::Topprocs::new(topprocs::Config {
+            num_procs: num_procs as usize,
+            ps_command: o.grant("ps_command", topprocs::PS_GRANT)?,
+        }))
+    }
+}
+
+impl FromOptions for lustrestat::Lustrestat {
+    const NAME: &'static str = "lustrestat";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        o.refuse_executables(&[])?;
+        let d = lustrestat::Config::default();
+        lustrestat::Lustrestat::new(lustrestat::Config {
+            lctl_command: o.grant("lctl_command", lustrestat::LCTL_GRANT)?,
+            send_abs_values: o.bool("send_abs_values", d.send_abs_values)?,
+            send_diff_values: o.bool("send_diff_values", d.send_diff_values)?,
+            send_derived_values: o.bool("send_derived_values", d.send_derived_values)?,
+        })
+    }
+}
+
+impl FromOptions for gpfs::Gpfs {
+    const NAME: &'static str = "gpfs";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        o.refuse_executables(&["mmpmon_path"])?;
+        let d = gpfs::Config::default();
+        gpfs::Gpfs::new(gpfs::Config {
+            mmpmon_command: o.grant("mmpmon_command", gpfs::MMPMON_GRANT)?,
+            exclude_filesystem: o.strings("exclude_filesystem")?.unwrap_or_default(),
+            send_abs_values: o.bool("send_abs_values", d.send_abs_values)?,
+            send_diff_values: o.bool("send_diff_values", d.send_diff_values)?,
+            send_derived_values: o.bool("send_derived_values", d.send_derived_values)?,
+            send_total_values: o.bool("send_total_values", d.send_total_values)?,
+            send_bandwidths: o.bool("send_bandwidths", d.send_bandwidths)?,
+        })
     }
 }
 

@@ -12,6 +12,10 @@
 //! that went backwards is taken as a 32-bit wrap when the old value fits in 32 bits, and as
 //! a reset otherwise (no rate that round, the new value is the baseline). Devices, CPUs and
 //! NUMA domains that appear get a baseline; those that disappear are forgotten.
+//!
+//! Collectors of what only a vendor tool reports (`ipmitool`, `lctl`, `mmpmon`, `ps`, ...)
+//! implement [`CommandCollector`] instead: they run the commands the agent's configuration
+//! grants the plugin, by grant name, through [`Commands`], and parse what they wrote.
 #![no_std]
 #![warn(missing_docs)]
 
@@ -26,10 +30,15 @@ pub mod config;
 pub mod cpufreq;
 pub mod cpufreq_cpuinfo;
 pub mod cpustat;
+pub mod customcmd;
 pub mod diskstat;
+pub mod gpfs;
 pub mod ibstat;
 pub mod iostat;
+pub mod ipmistat;
+pub mod lineproto;
 pub mod loadavg;
+pub mod lustrestat;
 pub mod memstat;
 pub mod mounts;
 pub mod netstat;
@@ -42,6 +51,7 @@ mod robustness;
 pub mod schedstat;
 pub mod slurm_cgroup;
 pub mod tempstat;
+pub mod topprocs;
 
 /// What `statvfs(3)` says about a file system, as the host's `cc:fleet/files` returns it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -67,8 +77,78 @@ pub trait Files {
     fn statvfs(&mut self, path: &str) -> Result<FsStats, String>;
 }
 
+/// What a granted command wrote, as the agent's `cc:fleet/commands` returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CommandOutput {
+    /// The exit status; `None` when a signal ended the command.
+    pub status: Option<i32>,
+    /// Standard output.
+    pub stdout: Vec<u8>,
+    /// Standard error.
+    pub stderr: Vec<u8>,
+}
+
+/// Where a collector runs commands: the agent's `cc:fleet/commands` in a plugin (each name
+/// a grant of the plugin's `capabilities.run`: a fixed executable and arguments the operator
+/// chose), recorded outputs natively.
+pub trait Commands {
+    /// Runs the command granted as `name`; an error when it is not granted, cannot start,
+    /// times out or writes more than its cap. A command that ran and failed is an `Ok`
+    /// with its status.
+    fn run(&mut self, name: &str) -> Result<CommandOutput, String>;
+}
+
+/// The most bytes of a command's standard error quoted in an error message.
+const STDERR_QUOTED: usize = 200;
+
+/// `text` cut to at most `max` bytes (at a character boundary), escaped for a message.
+pub fn quoted(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let more = if end < text.len() { "..." } else { "" };
+    alloc::format!("{:?}{more}", &text[..end])
+}
+
+/// Runs the command granted as `name` and returns its standard output as text: an error
+/// naming the grant when it cannot run, exits with a status other than 0 (quoting the
+/// start of its standard error) or writes something that is not UTF-8.
+pub fn run_text(commands: &mut dyn Commands, name: &str) -> Result<String, String> {
+    let output = commands
+        .run(name)
+        .map_err(|e| alloc::format!("command {name}: {e}"))?;
+    if output.status != Some(0) {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let status = match output.status {
+            Some(code) => alloc::format!("exited with status {code}"),
+            None => "was ended by a signal".to_owned(),
+        };
+        return Err(alloc::format!(
+            "command {name} {status}; standard error: {}",
+            quoted(stderr.trim(), STDERR_QUOTED)
+        ));
+    }
+    String::from_utf8(output.stdout)
+        .map_err(|e| alloc::format!("command {name}: its output is not UTF-8 ({e})"))
+}
+
+/// Refuses output that ends inside a line: the tools the collectors read end every line,
+/// so a last line without its newline was cut short (and would pass for a shorter value).
+pub fn whole_lines(text: &str) -> Result<(), String> {
+    if text.is_empty() || text.ends_with('\n') {
+        Ok(())
+    } else {
+        let last = text.rsplit('\n').next().unwrap_or_default();
+        Err(alloc::format!(
+            "the output ends inside a line (cut short): {}",
+            quoted(last, 80)
+        ))
+    }
+}
+
 /// A metric value.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     /// A float (line protocol without suffix).
     Float(f64),
@@ -77,6 +157,9 @@ pub enum Value {
     /// An unsigned integer (line protocol `u`), where cc-metric-collector sends Go's
     /// `uint64`.
     Uint(u64),
+    /// A string (line protocol string field), where cc-metric-collector sends one, as
+    /// `topprocs` does.
+    Str(String),
 }
 
 /// One metric sample: a cc-metric-collector message without its timestamp (the caller's
@@ -136,6 +219,22 @@ pub trait Collector {
     ) -> Result<(), String>;
 }
 
+/// One collector of what commands report: runs its granted commands (and reads its files)
+/// and appends its samples.
+pub trait CommandCollector {
+    /// The collector's name as cc-metric-collector spells it, e.g. `ipmistat`.
+    fn name(&self) -> &'static str;
+
+    /// One collection round at `now_ns` (Unix nanoseconds).
+    fn collect(
+        &mut self,
+        commands: &mut dyn Commands,
+        files: &mut dyn Files,
+        now_ns: i64,
+        out: &mut Vec<Sample>,
+    ) -> Result<(), String>;
+}
+
 /// The settings every collector plugin shares.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Common {
@@ -177,6 +276,43 @@ pub struct Runner<C> {
 impl<C: Collector> Runner<C> {
     /// Wraps `collector`.
     pub fn new(common: Common, collector: C) -> Runner<C> {
+        Runner::wrap(common, collector)
+    }
+
+    /// One round: the collector's samples, filtered and tagged.
+    pub fn collect(&mut self, files: &mut dyn Files, now_ns: i64) -> Result<Vec<Sample>, String> {
+        let hostname = self.hostname(files)?.to_owned();
+        let mut samples = Vec::new();
+        let name = self.collector.name();
+        self.collector
+            .collect(files, now_ns, &mut samples)
+            .map_err(|e| alloc::format!("{name}: {e}"))?;
+        Ok(self.finish(hostname, samples))
+    }
+}
+
+impl<C: CommandCollector> Runner<C> {
+    /// One round of a command collector: its samples, filtered and tagged.
+    pub fn collect_commands(
+        &mut self,
+        commands: &mut dyn Commands,
+        files: &mut dyn Files,
+        now_ns: i64,
+    ) -> Result<Vec<Sample>, String> {
+        let hostname = self.hostname(files)?.to_owned();
+        let mut samples = Vec::new();
+        let name = self.collector.name();
+        self.collector
+            .collect(commands, files, now_ns, &mut samples)
+            .map_err(|e| alloc::format!("{name}: {e}"))?;
+        Ok(self.finish(hostname, samples))
+    }
+}
+
+impl<C> Runner<C> {
+    /// A runner of any collector (the [`Collector`] and [`CommandCollector`] methods are
+    /// on the impls bound by them).
+    pub fn wrap(common: Common, collector: C) -> Runner<C> {
         let hostname = common.hostname.clone();
         Runner {
             common,
@@ -196,14 +332,8 @@ impl<C: Collector> Runner<C> {
         Ok(self.hostname.as_deref().unwrap_or_default())
     }
 
-    /// One round: the collector's samples, filtered and tagged.
-    pub fn collect(&mut self, files: &mut dyn Files, now_ns: i64) -> Result<Vec<Sample>, String> {
-        let hostname = self.hostname(files)?.to_owned();
-        let mut samples = Vec::new();
-        let name = self.collector.name();
-        self.collector
-            .collect(files, now_ns, &mut samples)
-            .map_err(|e| alloc::format!("{name}: {e}"))?;
+    /// Applies the shared settings to a round's samples.
+    fn finish(&self, hostname: String, mut samples: Vec<Sample>) -> Vec<Sample> {
         let unit_as_tag = self.common.meta_as_tags.iter().any(|k| k == "unit");
         samples.retain(|s| !self.common.exclude_metrics.contains(&s.name));
         for sample in &mut samples {
@@ -223,7 +353,7 @@ impl<C: Collector> Runner<C> {
             }
             sample.tags = tags;
         }
-        Ok(samples)
+        samples
     }
 }
 

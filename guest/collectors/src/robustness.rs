@@ -154,3 +154,135 @@ fn damaged_files_fail_a_round_at_most_and_never_panic() {
         }
     }
 }
+
+/// Recorded outputs per grant name, as the host's `cc:fleet/commands` would return them.
+#[derive(Clone, Default)]
+struct Recorded(BTreeMap<String, String>);
+
+impl crate::Commands for Recorded {
+    fn run(&mut self, name: &str) -> Result<crate::CommandOutput, String> {
+        let stdout = self.0.get(name).ok_or_else(|| "not granted".to_string())?;
+        Ok(crate::CommandOutput {
+            status: Some(0),
+            stdout: stdout.clone().into_bytes(),
+            stderr: Vec::new(),
+        })
+    }
+}
+
+macro_rules! recorded {
+    ($($grant:literal => $file:literal),* $(,)?) => {
+        [$(($grant, include_str!(concat!("../../../host/tests/fixtures/commands/", $file)))),*]
+    };
+}
+
+fn outputs() -> Recorded {
+    let all = recorded!(
+        "ipmi-sensors" => "ipmi-sensors.csv",
+        "ipmitool-sensor" => "ipmitool-sensor.txt",
+        "ps-top" => "ps-pcpu.txt",
+        "lctl-llite-stats" => "lctl-llite-stats-1.txt",
+        "mmpmon-fs-io" => "mmpmon-fs_io_s-1.txt",
+        "app" => "customcmd-app.lp",
+    );
+    Recorded(
+        all.iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect(),
+    )
+}
+
+fn command_collectors() -> Vec<alloc::boxed::Box<dyn crate::CommandCollector>> {
+    use alloc::boxed::Box;
+    let every = |c: crate::gpfs::Config| crate::gpfs::Config {
+        send_abs_values: true,
+        send_diff_values: true,
+        send_derived_values: true,
+        send_total_values: true,
+        ..c
+    };
+    alloc::vec![
+        Box::new(crate::ipmistat::Ipmistat::default()),
+        Box::new(crate::ipmistat::Ipmistat::new(crate::ipmistat::Config {
+            ipmisensors_command: String::new(),
+            ..Default::default()
+        })),
+        Box::new(crate::topprocs::Topprocs::default()),
+        Box::new(
+            crate::lustrestat::Lustrestat::new(crate::lustrestat::Config {
+                send_abs_values: true,
+                send_diff_values: true,
+                send_derived_values: true,
+                ..Default::default()
+            })
+            .unwrap(),
+        ),
+        Box::new(crate::gpfs::Gpfs::new(every(Default::default())).unwrap()),
+        Box::new(
+            crate::customcmd::Customcmd::new(crate::customcmd::Config {
+                commands: alloc::vec!["app".to_string()],
+                files: Vec::new(),
+            })
+            .unwrap(),
+        ),
+    ]
+}
+
+#[test]
+fn damaged_command_output_fails_a_round_at_most_and_never_panics() {
+    let good = outputs();
+    let mut files = Memory::default();
+    for (grant, text) in good.0.clone() {
+        for broken in damaged(&text) {
+            for mut collector in command_collectors() {
+                let mut commands = good.clone();
+                let mut out: Vec<Sample> = Vec::new();
+                collector
+                    .collect(&mut commands, &mut files, 1_000_000_000, &mut out)
+                    .unwrap_or_else(|e| panic!("{}: intact round: {e}", collector.name()));
+                commands.0.insert(grant.clone(), broken.clone());
+                let _ = collector.collect(&mut commands, &mut files, 2_000_000_000, &mut out);
+                let _ = collector.collect(&mut commands, &mut files, 3_000_000_000, &mut out);
+                let mut commands = good.clone();
+                collector
+                    .collect(&mut commands, &mut files, 4_000_000_000, &mut out)
+                    .unwrap_or_else(|e| {
+                        panic!("{}: recovery after {grant}: {e}", collector.name())
+                    });
+            }
+        }
+    }
+}
+
+/// Arbitrary bytes from a small generator (no dependency): every parser of command output
+/// takes them without panicking.
+#[test]
+fn arbitrary_output_never_panics_a_parser() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let alphabet: &[u8] =
+        b"_0123456789.,|= \n\"\\-+eExiu#llite.stats=_fs_io_s_ _rc_ COMMAND N/A na 0x";
+    for round in 0..20_000 {
+        let len = (next() % 160) as usize;
+        let mut bytes: Vec<u8> = (0..len)
+            .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+            .collect();
+        if round % 7 == 0 {
+            bytes.push(0xc3);
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let _ = crate::ipmistat::parse_ipmi_sensors(&text);
+        let _ = crate::ipmistat::parse_ipmitool(&text);
+        let _ = crate::topprocs::parse(&text);
+        let _ = crate::lustrestat::parse(&text);
+        let _ = crate::gpfs::parse(&text);
+        let _ = crate::lineproto::parse(&text);
+        let mut out = Vec::new();
+        let _ = crate::customcmd::samples(&text, &mut out);
+    }
+}

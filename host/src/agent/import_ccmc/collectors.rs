@@ -4,12 +4,14 @@
 //! cc-metric-collector's keys), after the plugin's own parser has accepted them here, so a
 //! setting a plugin would refuse at start is reported now. Grants are the narrowest each
 //! plugin needs: the files it reads (and the host name file unless `hostname` is set), the
-//! mount information for the two that read the mount table.
+//! mount information for the two that read the mount table, and for command collectors the
+//! commands they run, with the executables their settings named ([`translate`]).
 
 use ccfleet_collectors::config::{FromOptions, Options, common};
 use ccfleet_collectors::{
-    cpufreq, cpufreq_cpuinfo, cpustat, diskstat, ibstat, iostat, loadavg, memstat, netstat,
-    nfsiostat, nfsstat, numastats, rapl, schedstat, slurm_cgroup, tempstat,
+    cpufreq, cpufreq_cpuinfo, cpustat, customcmd, diskstat, gpfs, ibstat, iostat, ipmistat,
+    loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, rapl, schedstat,
+    slurm_cgroup, tempstat, topprocs,
 };
 use serde_json::{Map, Value, json};
 
@@ -58,6 +60,11 @@ pub fn check(name: &str, config: &str) -> Option<Result<(), String>> {
         "ibstat" => parse::<ibstat::Ibstat>(config),
         "rapl" => parse::<rapl::Rapl>(config),
         "slurm_cgroup" => parse::<slurm_cgroup::SlurmCgroup>(config),
+        "ipmistat" => parse::<ipmistat::Ipmistat>(config),
+        "customcmd" => parse::<customcmd::Customcmd>(config),
+        "topprocs" => parse::<topprocs::Topprocs>(config),
+        "lustrestat" => parse::<lustrestat::Lustrestat>(config),
+        "gpfs" => parse::<gpfs::Gpfs>(config),
         _ => return None,
     })
 }
@@ -98,8 +105,187 @@ fn slurm_cgroup_files(config: &Map<String, Value>) -> Vec<String> {
     files
 }
 
-/// What `name` with `config` becomes.
-pub fn plan(name: &str, config: &Map<String, Value>) -> Plan {
+/// The file `gpfs`'s grant hands `mmpmon` as its input (`-i`): granted commands get no
+/// standard input, and `mmpmon` reads its requests from one.
+pub const MMPMON_REQUEST_FILE: &str = "/etc/ccfleet/mmpmon-fs_io_s";
+
+/// Keys NHR@FAU's published configurations give collectors that do not read them.
+const IGNORED_KEYS: [(&str, &[&str]); 2] = [
+    ("ipmistat", &["send_abs_values", "send_derived_values"]),
+    ("lustrestat", &["send_all_metrics"]),
+];
+
+/// What a finding of [`translate`] is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Carried over in another form.
+    Note(String),
+    /// Cannot be carried over.
+    LeftOut(String),
+}
+
+/// `configured` as an absolute executable, or `default` when it is a bare name (which
+/// cc-metric-collector looks up in `PATH`, as a grant cannot).
+fn executable(
+    configured: Option<&str>,
+    default: &str,
+    key: &str,
+    changes: &mut Vec<(String, Change)>,
+) -> String {
+    match configured {
+        Some(path) if path.starts_with('/') => path.to_owned(),
+        Some(name) => {
+            changes.push((
+                key.to_owned(),
+                Change::Note(format!(
+                    "{name:?} is looked up in PATH by cc-metric-collector; the grant names {default}: check that it is there"
+                )),
+            ));
+            default.to_owned()
+        }
+        None => default.to_owned(),
+    }
+}
+
+fn grant(path: &str, args: &[&str]) -> Value {
+    json!({"path": path, "args": args})
+}
+
+/// Turns a command collector's cc-metric-collector settings into the plugin's, and returns
+/// the commands to grant (`capabilities.run`): executables named in the settings become
+/// grants, `use_sudo` becomes the agent's user (a grant's `user` can name another).
+pub fn translate(
+    name: &str,
+    config: &mut Map<String, Value>,
+) -> (Map<String, Value>, Vec<(String, Change)>) {
+    let mut run = Map::new();
+    let mut changes = Vec::new();
+    let mut take = |key: &str| config.remove(key);
+    let runs_commands = matches!(
+        name,
+        "ipmistat" | "lustrestat" | "gpfs" | "topprocs" | "customcmd"
+    );
+    if let Some(sudo) = runs_commands.then(|| take("use_sudo")).flatten() {
+        let reason = if sudo == Value::Bool(true) {
+            "the grant runs the command as the agent's user (root on a node); a grant's `user` can name another, no sudo is used"
+        } else {
+            "without sudo, as before: the grant runs the command as the agent's user"
+        };
+        changes.push(("use_sudo".to_owned(), Change::Note(reason.to_owned())));
+    }
+    for (collector, keys) in IGNORED_KEYS {
+        for key in keys.iter().filter(|_| name == collector) {
+            if take(key).is_some() {
+                changes.push((
+                    (*key).to_owned(),
+                    Change::Note(format!(
+                        "not a setting of cc-metric-collector's {name} (releases that ignored unknown keys ignored it, later ones refuse it): left out"
+                    )),
+                ));
+            }
+        }
+    }
+    match name {
+        "ipmistat" => {
+            let tool = take("ipmitool_path");
+            let sensors = take("ipmisensors_path");
+            let tool = executable(
+                tool.as_ref().and_then(Value::as_str),
+                "/usr/bin/ipmitool",
+                "ipmitool_path",
+                &mut changes,
+            );
+            let sensors = executable(
+                sensors.as_ref().and_then(Value::as_str),
+                "/usr/sbin/ipmi-sensors",
+                "ipmisensors_path",
+                &mut changes,
+            );
+            run.insert(
+                ipmistat::IPMISENSORS_GRANT.into(),
+                grant(
+                    &sensors,
+                    &["--comma-separated-output", "--sdr-cache-recreate"],
+                ),
+            );
+            run.insert(ipmistat::IPMITOOL_GRANT.into(), grant(&tool, &["sensor"]));
+        }
+        "lustrestat" => {
+            let lctl = take("lctl_command");
+            let lctl = executable(
+                lctl.as_ref().and_then(Value::as_str),
+                "/usr/sbin/lctl",
+                "lctl_command",
+                &mut changes,
+            );
+            run.insert(
+                lustrestat::LCTL_GRANT.into(),
+                grant(&lctl, &["get_param", "llite.*.stats"]),
+            );
+        }
+        "gpfs" => {
+            let mmpmon = take("mmpmon_path");
+            let mmpmon = executable(
+                mmpmon.as_ref().and_then(Value::as_str),
+                "/usr/lpp/mmfs/bin/mmpmon",
+                "mmpmon_path",
+                &mut changes,
+            );
+            run.insert(
+                gpfs::MMPMON_GRANT.into(),
+                grant(&mmpmon, &["-p", "-s", "-i", MMPMON_REQUEST_FILE]),
+            );
+            changes.push((
+                "mmpmon_path".to_owned(),
+                Change::Note(format!("mmpmon reads its request from {MMPMON_REQUEST_FILE}, which must hold the line `fs_io_s`")),
+            ));
+        }
+        "topprocs" => {
+            run.insert(
+                topprocs::PS_GRANT.into(),
+                grant("/usr/bin/ps", &["-Ao", "comm", "--sort=-pcpu"]),
+            );
+        }
+        "customcmd" => {
+            let commands = take("commands");
+            let mut names = Vec::new();
+            for (i, line) in commands
+                .as_ref()
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let words: Vec<&str> = line
+                    .as_str()
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .collect();
+                match words.split_first() {
+                    Some((program, args)) if program.starts_with('/') => {
+                        let name = format!("command{}", i + 1);
+                        run.insert(name.clone(), grant(program, args));
+                        names.push(Value::String(name));
+                    }
+                    _ => changes.push((
+                        format!("commands[{i}]"),
+                        Change::LeftOut(
+                            "a grant needs an absolute executable (cc-metric-collector looks a bare name up in PATH, a grant does not)".to_owned(),
+                        ),
+                    )),
+                }
+            }
+            if commands.is_some() {
+                config.insert("commands".into(), Value::Array(names));
+            }
+        }
+        _ => {}
+    }
+    (run, changes)
+}
+
+/// What `name` with `config` becomes (after [`translate`]); `run` are its command grants.
+pub fn plan(name: &str, config: &Map<String, Value>, run: Map<String, Value>) -> Plan {
     let (read, mount_info): (Vec<String>, bool) = match name {
         "cpustat" => (files(&["/proc/stat"]), false),
         "memstat" => (
@@ -128,6 +314,18 @@ pub fn plan(name: &str, config: &Map<String, Value>) -> Plan {
             false,
         ),
         "slurm_cgroup" => (slurm_cgroup_files(config), false),
+        "customcmd" => (
+            config
+                .get("files")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect(),
+            false,
+        ),
+        "ipmistat" | "lustrestat" | "gpfs" | "topprocs" => (Vec::new(), false),
         "self" => return Plan::SelfSection,
         other => return Plan::Unsupported(unsupported_reason(other)),
     };
@@ -141,6 +339,9 @@ pub fn plan(name: &str, config: &Map<String, Value>) -> Plan {
     }
     if mount_info {
         capabilities.insert("mount-info".to_owned(), Value::Bool(true));
+    }
+    if !run.is_empty() {
+        capabilities.insert("run".to_owned(), Value::Object(run));
     }
     Plan::Plugin {
         capabilities: Value::Object(capabilities),
@@ -159,8 +360,7 @@ fn unsupported_reason(name: &str) -> &'static str {
             "NVML is a native library no sandboxed plugin can load; the agent has no device \
              interface for it yet"
         }
-        "ipmistat" | "gpfs" | "smartmon" | "customcmd" | "lustrestat" | "beegfs_meta"
-        | "beegfs_storage" | "topprocs" => {
+        "smartmon" | "beegfs_meta" | "beegfs_storage" => {
             "this command-based collector has no plugin in this version"
         }
         _ => "cc-metric-collector has no collector of this name",

@@ -299,7 +299,17 @@ pub fn import(input: &Path, options: &ImportOptions) -> Result<Import, ImportErr
             findings.left_out(&at, "a collector's settings must be a JSON object");
             continue;
         };
-        match collectors::plan(name, config) {
+        let mut config = config.clone();
+        let (run, changes) = collectors::translate(name, &mut config);
+        for (key, change) in changes {
+            let at = format!("{at}.{key}");
+            match change {
+                collectors::Change::Note(reason) => findings.note(&at, &reason),
+                collectors::Change::LeftOut(reason) => findings.left_out(&at, &reason),
+            }
+        }
+        let config = &config;
+        match collectors::plan(name, config, run) {
             collectors::Plan::Unsupported(reason) => findings.left_out(&at, reason),
             collectors::Plan::SelfSection => {
                 let mut section = config.clone();

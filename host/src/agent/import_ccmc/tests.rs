@@ -462,3 +462,50 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn command_collectors_get_their_executables_as_grants() {
+    let import = run(json!({"collectors": {
+        "ipmistat": {"ipmitool_path": "/opt/ipmi/bin/ipmitool", "ipmisensors_path": "ipmi-sensors",
+                     "use_sudo": true, "send_abs_values": true},
+        "lustrestat": {"lctl_command": "/usr/bin/lctl", "send_abs_values": true},
+        "gpfs": {"send_abs_values": true},
+        "topprocs": {"num_procs": 5},
+        "customcmd": {"commands": ["/usr/local/bin/getmetrics.pl --all", "relative.sh"],
+                      "files": ["/var/run/metrics.lp"]}}}));
+    let run = |name: &str| plugin(&import, name)["capabilities"]["run"].clone();
+    assert_eq!(
+        run("ipmistat"),
+        json!({"ipmitool-sensor": {"path": "/opt/ipmi/bin/ipmitool", "args": ["sensor"]},
+               "ipmi-sensors": {"path": "/usr/sbin/ipmi-sensors",
+                                "args": ["--comma-separated-output", "--sdr-cache-recreate"]}})
+    );
+    assert_eq!(plugin(&import, "ipmistat")["config"], json!({}));
+    assert!(reason(&import.notes, "collectors.ipmistat.ipmisensors_path").contains("PATH"));
+    assert!(reason(&import.notes, "collectors.ipmistat.use_sudo").contains("`user`"));
+    assert!(keys(&import.notes).contains(&"collectors.ipmistat.send_abs_values"));
+    assert_eq!(
+        run("lustrestat"),
+        json!({"lctl-llite-stats": {"path": "/usr/bin/lctl", "args": ["get_param", "llite.*.stats"]}})
+    );
+    assert_eq!(
+        run("gpfs")["mmpmon-fs-io"]["path"],
+        "/usr/lpp/mmfs/bin/mmpmon"
+    );
+    assert!(reason(&import.notes, "collectors.gpfs.mmpmon_path").contains("fs_io_s"));
+    assert_eq!(run("topprocs")["ps-top"]["path"], "/usr/bin/ps");
+    assert_eq!(
+        run("customcmd"),
+        json!({"command1": {"path": "/usr/local/bin/getmetrics.pl", "args": ["--all"]}})
+    );
+    assert_eq!(
+        plugin(&import, "customcmd")["config"]["commands"],
+        json!(["command1"])
+    );
+    assert_eq!(
+        plugin(&import, "customcmd")["capabilities"]["read-files"],
+        json!(["/var/run/metrics.lp", "/proc/sys/kernel/hostname"])
+    );
+    assert_eq!(keys(&import.left_out), ["collectors.customcmd.commands[1]"]);
+    assert!(reason(&import.left_out, "collectors.customcmd.commands[1]").contains("absolute"));
+}
