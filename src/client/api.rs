@@ -123,10 +123,10 @@ impl Inner {
     }
 
     pub(super) async fn pull_config(&self) -> Result<(Update, bool), Error> {
-        let (id, etag) = {
+        let (id, etag, report) = {
             let state = self.state();
             let id = state.instance_id.clone().ok_or(Error::NotRegistered)?;
-            (id, state.etag.clone())
+            (id, state.etag.clone(), state.report.clone())
         };
         // Sent verbatim, quotes included; an ETag that cannot be a header is not sent at all.
         // The same ETag goes to whichever server answers: one sharing the registry and the
@@ -140,9 +140,15 @@ impl Inner {
                 Op::Config,
                 Method::GET,
                 &format!("/api/fleet/config/{id}"),
-                |r| match &if_none_match {
-                    Some(value) => r.header(IF_NONE_MATCH, value.clone()),
-                    None => r,
+                |r| {
+                    let r = match &if_none_match {
+                        Some(value) => r.header(IF_NONE_MATCH, value.clone()),
+                        None => r,
+                    };
+                    match &report {
+                        Some(value) => r.header(wire::HEADER_AGENT_REPORT, value.clone()),
+                        None => r,
+                    }
                 },
             )
             .await?;

@@ -203,6 +203,9 @@ struct State {
     etag: String,
     revision: String,
     blob: Option<String>,
+    /// What the agent runs, sent with every configuration poll (see
+    /// [`crate::wire::AgentReport`]); none until [`Client::set_report`] is called.
+    report: Option<reqwest::header::HeaderValue>,
 }
 
 struct Inner {
@@ -322,6 +325,13 @@ impl Client {
     /// The NATS subject rosters for this client arrive on.
     pub fn discovery_subject(&self) -> &str {
         &self.inner.discovery_subject
+    }
+
+    /// Sets what the agent runs, reported to the server with every configuration poll from
+    /// now on (cc-backend ignores the header). A report that cannot be a header is dropped.
+    pub fn set_report(&self, report: &crate::wire::AgentReport) {
+        let value = reqwest::header::HeaderValue::from_str(&report.to_string()).ok();
+        self.inner.state().report = value;
     }
 
     /// Whether the client currently holds an instance id.

@@ -27,7 +27,9 @@ use super::plugins::{PluginDir, is_sha256};
 use super::registry::{Registration, Registry};
 use super::roster::RosterNotify;
 use crate::untrusted::Untrusted;
-use crate::wire::{HEADER_CONFIG_REVISION, Scope, ServiceType, is_instance_id};
+use crate::wire::{
+    AgentReport, HEADER_AGENT_REPORT, HEADER_CONFIG_REVISION, Scope, ServiceType, is_instance_id,
+};
 
 /// Request bodies larger than this answer 413.
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -46,6 +48,8 @@ pub(crate) struct AppState {
     /// Members registered in turn from different peers (see [`Duplicates::is_duplicate`]).
     pub duplicates: Arc<Duplicates>,
     pub status: Arc<super::status::Status>,
+    /// Staged rollouts and the agents' reports.
+    pub rollouts: Arc<super::rollout::Rollouts>,
 }
 
 /// Builds the router.
@@ -64,6 +68,11 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/fleet/config/{id}", get(config))
         .route("/api/fleet/deregister/{id}", delete(deregister))
         .route("/api/fleet/plugins/{sha256}", get(plugin))
+        .route("/api/fleet/rollouts", get(super::rollout::api::list))
+        .route(
+            "/api/fleet/rollouts/{name}/{action}",
+            post(super::rollout::api::act),
+        )
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .merge(super::status::routes())
@@ -110,7 +119,7 @@ fn error_with_status(status: StatusCode, status_field: &str, message: &str) -> R
         .into_response()
 }
 
-fn error(status: StatusCode, message: &str) -> Response {
+pub(crate) fn error(status: StatusCode, message: &str) -> Response {
     error_with_status(status, status_text(status), message)
 }
 
@@ -285,7 +294,8 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     state
         .metrics
         .set_duplicate_members(state.duplicates.active() as u64);
-    let text = state.metrics.render(&state.registry.counts());
+    let mut text = state.metrics.render(&state.registry.counts());
+    text.push_str(&state.rollouts.render_metrics());
     (
         [(
             header::CONTENT_TYPE,
@@ -606,12 +616,36 @@ async fn config(
         .map_err(|e| ApiError::registry("looking up an instance", e))?
         .filter(|s| s.state != super::registry::State::Deregistered)
         .ok_or(ApiError::UnknownInstance)?;
+    // ccfleet's agents report what they run with each poll; cc-lib's Go client does not.
+    if let Some(raw) = headers.get(HEADER_AGENT_REPORT) {
+        match raw
+            .to_str()
+            .map_err(|_| "not ASCII".to_owned())
+            .and_then(AgentReport::parse)
+        {
+            Ok(report) => state.rollouts.record_report(&service, report),
+            Err(e) => {
+                state
+                    .rollouts
+                    .counters
+                    .bad_reports
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(
+                    "fleet: a report from {} refused: {}",
+                    Untrusted(&service.hostname).capped(64),
+                    Untrusted(&e).capped(200)
+                );
+            }
+        }
+    }
+    let overlay = state.rollouts.overlay(&service);
     let resolved = state.tree.as_ref().and_then(|tree| {
-        tree.resolve(
+        tree.resolve_with(
             service.scope,
             &service.cluster,
             service.service_type,
             &service.hostname,
+            overlay.as_ref().map(|(key, change)| (key.as_str(), change)),
         )
     });
     let Some(resolved) = resolved else {

@@ -124,6 +124,22 @@ impl ConfigTree {
             .clone()
     }
 
+    /// The layers under `rollouts/` (`rollouts/<name>.json`), which no member's
+    /// configuration includes: each defines a staged rollout (see `super::rollout`).
+    pub fn rollout_layers(&self) -> Vec<(String, Arc<Map<String, Value>>)> {
+        let generation = self.snapshot();
+        let mut found: Vec<(String, Arc<Map<String, Value>>)> = generation
+            .layers
+            .iter()
+            .filter_map(|(path, layer)| {
+                let name = path.strip_prefix("rollouts/")?.strip_suffix(".json")?;
+                (!name.contains('/')).then(|| (name.to_owned(), layer.clone()))
+            })
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        found
+    }
+
     /// The merged configuration of one member, or `None` when no layer applies.
     pub fn resolve(
         &self,
@@ -132,9 +148,26 @@ impl ConfigTree {
         service_type: ServiceType,
         hostname: &str,
     ) -> Option<Arc<Resolved>> {
+        self.resolve_with(scope, cluster, service_type, hostname, None)
+    }
+
+    /// [`resolve`](ConfigTree::resolve) with one more layer merged last: a staged
+    /// rollout's change, named by `key` (which identifies its content) for the cache.
+    pub fn resolve_with(
+        &self,
+        scope: Scope,
+        cluster: &str,
+        service_type: ServiceType,
+        hostname: &str,
+        overlay: Option<(&str, &Map<String, Value>)>,
+    ) -> Option<Arc<Resolved>> {
         let generation = self.snapshot();
         let ty = service_type.code();
-        let key = format!("{}|{cluster}|{ty}|{hostname}", scope.as_str());
+        let mut key = format!("{}|{cluster}|{ty}|{hostname}", scope.as_str());
+        if let Some((name, _)) = overlay {
+            key.push('|');
+            key.push_str(name);
+        }
         let mut cache = generation.cache.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(hit) = cache.get(&key) {
             return hit.clone();
@@ -159,6 +192,9 @@ impl ConfigTree {
                     let base = merged.get_or_insert_with(Map::new);
                     merge_into(base, layer);
                 }
+            }
+            if let Some((_, layer)) = overlay {
+                merge_into(merged.get_or_insert_with(Map::new), layer);
             }
             merged.map(|m| {
                 let mut blob = Vec::with_capacity(256);

@@ -36,6 +36,7 @@ pub mod names;
 pub mod plugins;
 pub mod registry;
 mod rescan;
+pub mod rollout;
 pub mod roster;
 pub mod status;
 
@@ -551,6 +552,21 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         ));
     }
 
+    let rollouts = Arc::new(rollout::Rollouts::new());
+    if let Some(tree) = &tree {
+        let dir = plugins.clone();
+        let known: Arc<dyn Fn(&str) -> bool + Send + Sync> =
+            Arc::new(move |sha: &str| dir.as_ref().is_some_and(|d| d.find(sha).is_some()));
+        tasks.push(rollout::spawn(
+            rollouts.clone(),
+            registry.clone(),
+            tree.clone(),
+            known,
+            gate.clone(),
+            shutdown_rx.clone(),
+        ));
+    }
+
     let duplicates = Arc::new(duplicates::Duplicates::new(metrics.clone()));
     let app = api::router(api::AppState {
         registry: registry.clone(),
@@ -562,6 +578,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         health: health::Health::new(registry.clone(), nats.clone(), metrics.clone()),
         plugins,
         duplicates: duplicates.clone(),
+        rollouts,
         status: Arc::new(status::Status::new(
             &fleet.discovery_subject_prefix,
             fleet.stale_after,

@@ -17,6 +17,7 @@ pub mod gojson;
 mod heartbeat;
 mod instance_id;
 mod lp;
+mod report;
 mod roster;
 mod service_type;
 mod types;
@@ -27,6 +28,10 @@ pub use heartbeat::{
     encode_heartbeat_into, parse_heartbeat, scan_heartbeats,
 };
 pub use instance_id::{format_instance_id, is_instance_id, parse_instance_id};
+pub use report::{
+    AgentReport, MAX_REPORT_LEN, MAX_REPORTED_PLUGINS, PluginHealth, REPORTED_HASH_LEN,
+    ReportedPlugin, reported_hash,
+};
 pub use roster::{
     MAX_SUBJECT_TOKEN_LEN, ROSTER_SIGNATURE_HEADER, decode_roster, decode_roster_timed,
     encode_roster, encode_roster_line, roster_signing_input, subject_token_problem,
@@ -46,6 +51,9 @@ pub const DEFAULT_DISCOVERY_PREFIX: &str = "cc.fleet.discovery";
 pub const INFRA_BUCKET: &str = "infra";
 /// Response header carrying the configuration revision.
 pub const HEADER_CONFIG_REVISION: &str = "X-CC-Config-Revision";
+/// The header an agent reports what it runs in, on each configuration poll (see
+/// [`AgentReport`]).
+pub const HEADER_AGENT_REPORT: &str = "X-CCFleet-Report";
 /// The largest NATS message the decoders accept (the NATS server's own hard maximum).
 pub const MAX_MESSAGE_SIZE: usize = 64 << 20;
 

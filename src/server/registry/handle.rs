@@ -341,6 +341,21 @@ impl Registry {
         active
     }
 
+    /// Saves a document of the server's own state (a staged rollout's progress) durably,
+    /// replacing what was saved under `name`.
+    pub async fn put_state(&self, name: &str, value: Vec<u8>) -> Result<(), RegistryError> {
+        let name = name.to_owned();
+        self.with_store(move |_, store| store.put_state(&name, &value))
+            .await
+    }
+
+    /// The server state document saved under `name`, if any.
+    pub async fn get_state(&self, name: &str) -> Result<Option<Vec<u8>>, RegistryError> {
+        let name = name.to_owned();
+        self.with_store(move |_, store| store.get_state(&name))
+            .await
+    }
+
     /// Whether the store takes writes: `Err` with the error of the latest write when it
     /// failed. A write in the last [`PROBE_INTERVAL`] answers; otherwise a tiny write (in
     /// SQLite a timestamp in the `ccfleet_health` table) probes the store first, so one that

@@ -70,6 +70,10 @@ CREATE TABLE IF NOT EXISTS ccfleet_health (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     probed_at INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS ccfleet_state (
+    name TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+);
 "#;
 
 impl From<rusqlite::Error> for RegistryError {
@@ -399,6 +403,26 @@ impl RegistryStore for SqliteStore {
             }
             Ok(())
         })
+    }
+
+    fn put_state(&mut self, name: &str, value: &[u8]) -> Result<(), RegistryError> {
+        self.write(|tx| {
+            tx.prepare_cached(
+                "INSERT INTO ccfleet_state (name, value) VALUES (?1, ?2) \
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            )?
+            .execute(params![name, value])?;
+            Ok(())
+        })
+    }
+
+    fn get_state(&mut self, name: &str) -> Result<Option<Vec<u8>>, RegistryError> {
+        use rusqlite::OptionalExtension as _;
+        Ok(self
+            .conn
+            .prepare_cached("SELECT value FROM ccfleet_state WHERE name = ?1")?
+            .query_row(params![name], |row| row.get(0))
+            .optional()?)
     }
 
     fn probe(&mut self) -> Result<(), RegistryError> {

@@ -67,6 +67,22 @@ pub trait RegistryStore: Send {
     /// A small write that shows whether the store takes writes at all.
     fn probe(&mut self) -> Result<(), RegistryError>;
 
+    /// Saves a document of the server's own state under `name` (a staged rollout's
+    /// progress), replacing what was saved under it.
+    fn put_state(&mut self, name: &str, value: &[u8]) -> Result<(), RegistryError> {
+        let _ = (name, value);
+        Err(RegistryError::new(
+            super::RegistryErrorKind::Unavailable,
+            "this registry keeps no server state",
+        ))
+    }
+
+    /// The document saved under `name` with [`put_state`](RegistryStore::put_state).
+    fn get_state(&mut self, name: &str) -> Result<Option<Vec<u8>>, RegistryError> {
+        let _ = name;
+        Ok(None)
+    }
+
     /// Changes other writers (other servers sharing the store) made since the previous
     /// call, for the index to take over: a key's newest service, or `None` when the key is
     /// gone. Stores with a single writer have none.

@@ -104,6 +104,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 pub const LEASE_KEY: &str = "lease.roster";
 /// The key the health check's probe writes.
 const PROBE_KEY: &str = "health.probe";
+/// Keys of the server's own state documents (`state.<name>`, e.g. a rollout's progress).
+const STATE_PREFIX: &str = "state.";
 /// Key prefix of service records.
 const SERVICE_PREFIX: &str = "svc.";
 /// How often one write is re-decided after lost compare-and-set races before it fails.

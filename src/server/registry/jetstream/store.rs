@@ -468,6 +468,29 @@ impl RegistryStore for JetStreamStore {
             .map_err(|e| unavailable("probe write", e))
     }
 
+    fn put_state(&mut self, name: &str, value: &[u8]) -> Result<(), RegistryError> {
+        self.connected()?;
+        let kv = self.kv.clone();
+        let key = format!("{STATE_PREFIX}{name}");
+        let value = Bytes::copy_from_slice(value);
+        count(1);
+        self.rt
+            .block_on(async move { kv.put(key, value).await })
+            .map(drop)
+            .map_err(|e| unavailable("saving server state", e))
+    }
+
+    fn get_state(&mut self, name: &str) -> Result<Option<Vec<u8>>, RegistryError> {
+        self.connected()?;
+        let kv = self.kv.clone();
+        let key = format!("{STATE_PREFIX}{name}");
+        count(1);
+        self.rt
+            .block_on(async move { kv.get(key).await })
+            .map(|v| v.map(|b| b.to_vec()))
+            .map_err(|e| unavailable("reading server state", e))
+    }
+
     fn remote_changes(&mut self) -> Vec<(i64, Option<StoredService>)> {
         self.fold_inbox();
         // The index takes over the cached record of every key that changed: the cache holds

@@ -1,0 +1,239 @@
+//! A stage's gates: how the members a rollout has reached fare, and what that decides.
+//!
+//! A reached member is judged by its latest report ([`judge`]):
+//! - a change that names plugins by SHA-256 runs on a member reporting each of them with
+//!   that hash and `running`; it failed there when one of them reports that hash with a
+//!   failing state (restarting, quarantined, download or load failed);
+//! - any other change runs on a member that reports the revision it was served as applied
+//!   with no plugin failing, and failed there when a plugin fails after applying it;
+//! - a member still on the old version or revision is pending; one without a report (a
+//!   Go agent, or one that has not polled since the server started) is unknown, never
+//!   failed.
+//!
+//! Shares are taken over the reporting members ([`Counts::reporting`]).
+
+use serde::Serialize;
+
+use super::definition::{Definition, Stage};
+use super::state::Status;
+use crate::wire::{AgentReport, reported_hash};
+
+/// How one member fares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Judgement {
+    /// Runs the change.
+    Running,
+    /// Runs the change and fails with it.
+    Failed,
+    /// Reports, but does not run the change yet.
+    Pending,
+    /// Sends no report.
+    Unknown,
+}
+
+/// Judges one reached member (see the module documentation); `expected` is the revision it
+/// is served.
+pub fn judge(
+    definition: &Definition,
+    report: Option<&AgentReport>,
+    expected: Option<i64>,
+) -> Judgement {
+    let Some(report) = report else {
+        return Judgement::Unknown;
+    };
+    if !definition.plugins.is_empty() {
+        let mut all_running = true;
+        for (name, sha) in &definition.plugins {
+            let want = reported_hash(sha);
+            match report.plugin(name) {
+                Some(p) if p.sha256.as_deref() == Some(want.as_str()) => {
+                    if p.health.is_failure() {
+                        return Judgement::Failed;
+                    }
+                    if p.health != crate::wire::PluginHealth::Running {
+                        all_running = false;
+                    }
+                }
+                _ => all_running = false,
+            }
+        }
+        return if all_running {
+            Judgement::Running
+        } else {
+            Judgement::Pending
+        };
+    }
+    if expected.is_some_and(|rev| rev == report.applied) {
+        if report.plugins.iter().any(|p| p.health.is_failure()) {
+            Judgement::Failed
+        } else {
+            Judgement::Running
+        }
+    } else {
+        Judgement::Pending
+    }
+}
+
+/// The members of a stage (cumulative) by how they fare.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts {
+    /// Live members the rollout has reached.
+    pub members: usize,
+    /// Those that send reports.
+    pub reporting: usize,
+    /// Those running the change.
+    pub running: usize,
+    /// Those failing with it.
+    pub failed: usize,
+    /// Those without a report.
+    pub unknown: usize,
+}
+
+impl Counts {
+    /// Counts one member.
+    pub fn add(&mut self, judgement: Judgement) {
+        self.members += 1;
+        match judgement {
+            Judgement::Running => {
+                self.reporting += 1;
+                self.running += 1;
+            }
+            Judgement::Failed => {
+                self.reporting += 1;
+                self.failed += 1;
+            }
+            Judgement::Pending => self.reporting += 1,
+            Judgement::Unknown => self.unknown += 1,
+        }
+    }
+
+    fn share(&self, n: usize) -> f64 {
+        if self.reporting == 0 {
+            0.0
+        } else {
+            n as f64 * 100.0 / self.reporting as f64
+        }
+    }
+}
+
+/// What a look at a stage decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing yet.
+    Wait,
+    /// The stage passed.
+    Pass(String),
+    /// Stop here.
+    Pause(String),
+    /// Take the change back.
+    RollBack(String),
+}
+
+/// Decides on a stage that has run `elapsed` seconds.
+pub fn decide(stage: &Stage, counts: &Counts, elapsed: i64, status: Status) -> Verdict {
+    let failed = counts.share(counts.failed);
+    let running = counts.share(counts.running);
+    let summary = format!(
+        "{} of {} reporting member(s) run the change ({running:.0} %), {} failed ({failed:.0} %), {} without a report",
+        counts.running, counts.reporting, counts.failed, counts.unknown
+    );
+    if counts.reporting > 0 && failed > stage.rollback_failed {
+        return Verdict::RollBack(format!(
+            "{summary}: more than rollback-failed {} %",
+            stage.rollback_failed
+        ));
+    }
+    if status == Status::Paused {
+        return Verdict::Wait;
+    }
+    if counts.reporting > 0 && failed > stage.max_failed {
+        return Verdict::Pause(format!(
+            "{summary}: more than max-failed {} %",
+            stage.max_failed
+        ));
+    }
+    let min_time = i64::try_from(stage.min_time.as_secs()).unwrap_or(i64::MAX);
+    if elapsed >= min_time && counts.reporting > 0 && running >= stage.min_running {
+        return Verdict::Pass(format!(
+            "{summary}: at least min-running {} % after {elapsed} s",
+            stage.min_running
+        ));
+    }
+    Verdict::Wait
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn stage() -> Stage {
+        Stage {
+            hosts: Vec::new(),
+            share: 1000,
+            min_time: Duration::from_secs(60),
+            min_running: 90.0,
+            max_failed: 5.0,
+            rollback_failed: 10.0,
+        }
+    }
+
+    fn counts(running: usize, failed: usize, pending: usize, unknown: usize) -> Counts {
+        let mut c = Counts::default();
+        (0..running).for_each(|_| c.add(Judgement::Running));
+        (0..failed).for_each(|_| c.add(Judgement::Failed));
+        (0..pending).for_each(|_| c.add(Judgement::Pending));
+        (0..unknown).for_each(|_| c.add(Judgement::Unknown));
+        c
+    }
+
+    #[test]
+    fn a_stage_passes_after_its_time_with_enough_running() {
+        let s = stage();
+        assert_eq!(
+            decide(&s, &counts(10, 0, 0, 3), 59, Status::Running),
+            Verdict::Wait
+        );
+        assert!(matches!(
+            decide(&s, &counts(10, 0, 0, 3), 60, Status::Running),
+            Verdict::Pass(_)
+        ));
+        assert_eq!(
+            decide(&s, &counts(8, 0, 2, 0), 600, Status::Running),
+            Verdict::Wait
+        );
+        assert_eq!(
+            decide(&s, &counts(0, 0, 0, 5), 600, Status::Running),
+            Verdict::Wait,
+            "members without reports never pass a stage"
+        );
+    }
+
+    #[test]
+    fn failures_pause_then_roll_back() {
+        let s = stage();
+        assert!(matches!(
+            decide(&s, &counts(93, 7, 0, 0), 0, Status::Running),
+            Verdict::Pause(_)
+        ));
+        assert!(matches!(
+            decide(&s, &counts(8, 2, 0, 0), 0, Status::Running),
+            Verdict::RollBack(_)
+        ));
+        assert!(matches!(
+            decide(&s, &counts(8, 2, 0, 0), 0, Status::Paused),
+            Verdict::RollBack(_)
+        ));
+        assert_eq!(
+            decide(&s, &counts(100, 0, 0, 0), 600, Status::Paused),
+            Verdict::Wait
+        );
+        assert_eq!(
+            decide(&s, &counts(95, 5, 0, 50), 0, Status::Running),
+            Verdict::Wait,
+            "unknown members are never counted as failed"
+        );
+    }
+}

@@ -1,0 +1,534 @@
+//! Staged, health-gated rollouts of configuration changes (a plugin's new SHA-256 or any
+//! other key), defined in the configuration tree (`rollouts/<name>.json`, see
+//! [`definition`]).
+//!
+//! - A rollout's change reaches its stages one after another: the configuration served to
+//!   a member the rollout has reached is the tree's with the change merged last; every
+//!   other member is served the tree as it is.
+//! - Agents report what they run with each configuration poll ([`crate::wire::AgentReport`]);
+//!   the server keeps the latest report per member, in memory (soft state: after a restart
+//!   it is back within one poll interval, and a stage's `min-time` covers that).
+//! - One task per server ([`spawn`]) looks at every rollout each second. On the server
+//!   that leads (the only one with a registry of its own, or the lease holder of a shared
+//!   one) it checks the current stage's gates ([`gates`]) and advances, pauses or rolls
+//!   back; every decision is logged once with its reason, counted, and saved in the
+//!   registry (SQLite or the JetStream bucket), so a restarted server or the next lease
+//!   holder continues where it was. The other servers read the saved progress each tick
+//!   and serve accordingly.
+//! - Operators read and steer rollouts through `GET /api/fleet/rollouts` and `POST
+//!   /api/fleet/rollouts/{name}/{pause,resume,abort}` ([`api`]), which `ccfleet rollout`
+//!   uses.
+
+pub(crate) mod api;
+pub mod definition;
+pub mod gates;
+pub mod state;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::configtree::ConfigTree;
+use super::leader;
+use super::registry::{self, Registry, Service, State};
+use crate::wire::AgentReport;
+pub use definition::Definition;
+pub use gates::Counts;
+pub use state::{RolloutState, Status};
+
+/// How often rollouts are looked at.
+pub const TICK: Duration = Duration::from_secs(1);
+/// Reports kept at most (one per member): a flood of made-up members cannot grow the
+/// server without bound.
+pub const MAX_REPORTS: usize = 1_000_000;
+
+/// The key of a member's report: its cluster, type and host name (never its instance id).
+fn member_key(cluster: &str, service: &Service) -> String {
+    format!(
+        "{cluster}|{}|{}",
+        service.service_type.code(),
+        service.hostname
+    )
+}
+
+/// Counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct RolloutCounters {
+    /// Stages passed.
+    pub advances: AtomicU64,
+    /// Rollouts paused (by their gates or an operator).
+    pub pauses: AtomicU64,
+    /// Rollouts rolled back by their gates.
+    pub rollbacks: AtomicU64,
+    /// Rollouts completed.
+    pub completions: AtomicU64,
+    /// Rollouts aborted by an operator.
+    pub aborts: AtomicU64,
+    /// Reports refused as malformed.
+    pub bad_reports: AtomicU64,
+}
+
+/// The rollouts a server knows, their progress and the agents' reports.
+#[derive(Default)]
+pub struct Rollouts {
+    definitions: RwLock<Vec<Arc<Definition>>>,
+    states: RwLock<HashMap<String, RolloutState>>,
+    reports: Mutex<HashMap<String, Arc<AgentReport>>>,
+    /// Definitions the last refresh refused, with why (the previous version stays).
+    problems: Mutex<Vec<String>>,
+    /// The counters.
+    pub counters: RolloutCounters,
+}
+
+impl Rollouts {
+    /// Empty.
+    pub fn new() -> Rollouts {
+        Rollouts::default()
+    }
+
+    /// The current definitions.
+    pub fn definitions(&self) -> Vec<Arc<Definition>> {
+        self.definitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// A rollout's progress.
+    pub fn state(&self, name: &str) -> Option<RolloutState> {
+        self.states
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    fn set_state(&self, name: &str, state: RolloutState) {
+        self.states
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_owned(), state);
+    }
+
+    /// What the last refresh refused.
+    pub fn problems(&self) -> Vec<String> {
+        self.problems
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Re-reads the definitions from the tree (`rollouts/*.json`). A definition that does not
+    /// parse, names a plugin `known` does not hold, or overlaps another rollout is refused
+    /// and its previous version (if any) kept; returns the refusals.
+    pub fn refresh(&self, tree: &ConfigTree, known: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let previous = self.definitions();
+        let mut next: Vec<Arc<Definition>> = Vec::new();
+        let mut problems = Vec::new();
+        for (name, layer) in tree.rollout_layers() {
+            let parsed = Definition::parse(&name, &layer).and_then(|d| {
+                match d.plugins.iter().find(|(_, sha)| !known(sha)) {
+                    Some((plugin, sha)) => Err(format!(
+                        "plugin {plugin:?} names sha256 {sha}, which fleet.plugin-dir does not hold"
+                    )),
+                    None => Ok(d),
+                }
+            });
+            let parsed = parsed.and_then(|d| {
+                match next.iter().find(|o| {
+                    o.service_type == d.service_type
+                        && (o.cluster.is_none() || d.cluster.is_none() || o.cluster == d.cluster)
+                }) {
+                    Some(other) => Err(format!(
+                        "it covers members rollout {:?} covers too; one rollout per type and cluster at a time",
+                        other.name
+                    )),
+                    None => Ok(d),
+                }
+            });
+            match parsed {
+                Ok(d) => next.push(Arc::new(d)),
+                Err(e) => {
+                    problems.push(format!("rollouts/{name}.json: {e}"));
+                    if let Some(old) = previous.iter().find(|d| d.name == name) {
+                        next.push(old.clone());
+                    }
+                }
+            }
+        }
+        let old_problems = std::mem::replace(
+            &mut *self.problems.lock().unwrap_or_else(|e| e.into_inner()),
+            problems.clone(),
+        );
+        for p in problems.iter().filter(|p| !old_problems.contains(p)) {
+            tracing::error!("fleet: rollout refused, the previous version (if any) stays: {p}");
+        }
+        *self.definitions.write().unwrap_or_else(|e| e.into_inner()) = next;
+        problems
+    }
+
+    /// Records a member's report (from its configuration poll).
+    pub fn record_report(&self, service: &Service, report: AgentReport) {
+        let key = member_key(&service.cluster, service);
+        let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+        if reports.len() >= MAX_REPORTS && !reports.contains_key(&key) {
+            return;
+        }
+        reports.insert(key, Arc::new(report));
+    }
+
+    /// The latest report of a member.
+    pub fn report(&self, service: &Service) -> Option<Arc<AgentReport>> {
+        self.reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&member_key(&service.cluster, service))
+            .cloned()
+    }
+
+    /// The rollout whose change a member is served now, if any: `(cache key, change)`.
+    pub fn overlay(&self, service: &Service) -> Option<(String, Map<String, Value>)> {
+        let definitions = self.definitions.read().unwrap_or_else(|e| e.into_inner());
+        let states = self.states.read().unwrap_or_else(|e| e.into_inner());
+        definitions.iter().find_map(|d| {
+            if !d.covers(service.service_type, &service.cluster) {
+                return None;
+            }
+            let state = states.get(&d.name).filter(|s| s.digest == d.digest)?;
+            (state.status.serves_change()
+                && d.reaches(state.stage, &service.cluster, &service.hostname))
+            .then(|| (d.overlay_key(), d.change.clone()))
+        })
+    }
+}
+
+/// What a member is served: the tree's configuration, with a rollout's change when it has
+/// reached the member.
+pub fn served_revision(tree: &ConfigTree, rollouts: &Rollouts, service: &Service) -> Option<i64> {
+    let overlay = rollouts.overlay(service);
+    tree.resolve_with(
+        service.scope,
+        &service.cluster,
+        service.service_type,
+        &service.hostname,
+        overlay.as_ref().map(|(k, m)| (k.as_str(), m)),
+    )
+    .map(|r| r.revision)
+}
+
+/// The state document's name in the registry.
+fn state_key(name: &str) -> String {
+    format!("rollout.{name}")
+}
+
+async fn load_state(registry: &Registry, name: &str) -> Option<RolloutState> {
+    match registry.get_state(&state_key(name)).await {
+        Ok(Some(bytes)) => match serde_json::from_slice(&bytes) {
+            Ok(state) => Some(state),
+            Err(e) => {
+                tracing::error!(
+                    "fleet: rollout {name}: its saved progress does not parse ({e}); it starts again"
+                );
+                None
+            }
+        },
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!("fleet: rollout {name}: cannot read its saved progress: {e}");
+            None
+        }
+    }
+}
+
+async fn save_state(registry: &Registry, name: &str, state: &RolloutState) -> bool {
+    let bytes = serde_json::to_vec(state).expect("a rollout state serializes");
+    match registry.put_state(&state_key(name), bytes).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(
+                "fleet: rollout {name}: cannot save its progress ({e}); the decision is retried"
+            );
+            false
+        }
+    }
+}
+
+/// Changes a rollout's state: saved first, then taken over, logged once and counted.
+pub(crate) async fn decide(
+    rollouts: &Rollouts,
+    registry: &Registry,
+    definition: &Definition,
+    mut next: RolloutState,
+    reason: String,
+) -> bool {
+    let previous = rollouts.state(&definition.name);
+    next.epoch = previous.as_ref().map_or(0, |p| p.epoch) + 1;
+    next.reason = reason.clone();
+    next.updated_at = registry::unix_seconds();
+    if !save_state(registry, &definition.name, &next).await {
+        return false;
+    }
+    let c = &rollouts.counters;
+    let what = match next.status {
+        Status::Running if previous.as_ref().is_some_and(|p| p.stage < next.stage) => {
+            c.advances.fetch_add(1, Ordering::Relaxed);
+            format!("advanced to stage {}", next.stage)
+        }
+        Status::Running => format!("runs stage {}", next.stage),
+        Status::Paused => {
+            c.pauses.fetch_add(1, Ordering::Relaxed);
+            format!("paused at stage {}", next.stage)
+        }
+        Status::Completed => {
+            c.completions.fetch_add(1, Ordering::Relaxed);
+            "completed".to_owned()
+        }
+        Status::RolledBack => {
+            c.rollbacks.fetch_add(1, Ordering::Relaxed);
+            format!("rolled back at stage {}", next.stage)
+        }
+        Status::Aborted => {
+            c.aborts.fetch_add(1, Ordering::Relaxed);
+            format!("aborted at stage {}", next.stage)
+        }
+    };
+    match next.status {
+        Status::RolledBack | Status::Paused => {
+            tracing::warn!("fleet: rollout {} {what}: {reason}", definition.name)
+        }
+        _ => tracing::info!("fleet: rollout {} {what}: {reason}", definition.name),
+    }
+    rollouts.set_state(&definition.name, next);
+    true
+}
+
+/// Counts of a rollout's current stage, from the live members and their reports.
+pub fn counts(
+    rollouts: &Rollouts,
+    registry: &Registry,
+    tree: &ConfigTree,
+    definition: &Definition,
+    state: &RolloutState,
+) -> Counts {
+    let mut counts = Counts::default();
+    for service in registry.active() {
+        if service.state == State::Deregistered
+            || !definition.covers(service.service_type, &service.cluster)
+            || !definition.reaches(state.stage, &service.cluster, &service.hostname)
+        {
+            continue;
+        }
+        let expected = served_revision(tree, rollouts, &service);
+        let report = rollouts.report(&service);
+        counts.add(gates::judge(definition, report.as_deref(), expected));
+    }
+    counts
+}
+
+/// One look at one rollout by the leading server.
+async fn step(
+    rollouts: &Rollouts,
+    registry: &Registry,
+    tree: &ConfigTree,
+    definition: &Definition,
+) {
+    // An operator's decision taken through another server is saved with a later epoch.
+    follow(rollouts, registry, definition).await;
+    let now = registry::unix_seconds();
+    let state = match rollouts.state(&definition.name) {
+        Some(s) if s.digest == definition.digest => s,
+        _ => {
+            let stored = load_state(registry, &definition.name).await;
+            match stored.filter(|s| s.digest == definition.digest) {
+                Some(s) => {
+                    tracing::info!(
+                        "fleet: rollout {} continues at stage {} ({})",
+                        definition.name,
+                        s.stage,
+                        s.status.as_str()
+                    );
+                    rollouts.set_state(&definition.name, s);
+                    return;
+                }
+                None => {
+                    let fresh = RolloutState::start(definition.digest, now);
+                    decide(
+                        rollouts,
+                        registry,
+                        definition,
+                        fresh,
+                        format!(
+                            "a new rollout of {} stage(s) for type {}{}",
+                            definition.stages.len(),
+                            definition.service_type.code(),
+                            definition
+                                .cluster
+                                .as_deref()
+                                .map(|c| format!(" in cluster {c}"))
+                                .unwrap_or_default()
+                        ),
+                    )
+                    .await;
+                    return;
+                }
+            }
+        }
+    };
+    if !matches!(state.status, Status::Running | Status::Paused) {
+        return;
+    }
+    let counts = counts(rollouts, registry, tree, definition, &state);
+    let stage = &definition.stages[state.stage];
+    match gates::decide(stage, &counts, now - state.stage_started_at, state.status) {
+        gates::Verdict::Wait => {}
+        gates::Verdict::RollBack(reason) => {
+            let next = RolloutState {
+                status: Status::RolledBack,
+                ..state
+            };
+            decide(rollouts, registry, definition, next, reason).await;
+        }
+        gates::Verdict::Pause(reason) => {
+            let next = RolloutState {
+                status: Status::Paused,
+                ..state
+            };
+            decide(rollouts, registry, definition, next, reason).await;
+        }
+        gates::Verdict::Pass(reason) => {
+            let next = if state.stage + 1 == definition.stages.len() {
+                RolloutState {
+                    status: Status::Completed,
+                    ..state
+                }
+            } else {
+                RolloutState {
+                    stage: state.stage + 1,
+                    stage_started_at: now,
+                    ..state
+                }
+            };
+            decide(rollouts, registry, definition, next, reason).await;
+        }
+    }
+}
+
+/// One look at one rollout by a server that does not lead: take over saved progress.
+async fn follow(rollouts: &Rollouts, registry: &Registry, definition: &Definition) {
+    let Some(stored) = load_state(registry, &definition.name).await else {
+        return;
+    };
+    let newer = rollouts
+        .state(&definition.name)
+        .is_none_or(|s| s.digest != stored.digest || s.epoch < stored.epoch);
+    if newer && stored.digest == definition.digest {
+        rollouts.set_state(&definition.name, stored);
+    }
+}
+
+/// Looks at every rollout each [`TICK`]; see the module documentation.
+pub(crate) fn spawn(
+    rollouts: Arc<Rollouts>,
+    registry: Registry,
+    tree: Arc<ConfigTree>,
+    known: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+    gate: leader::Gate,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(TICK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = super::stopped(&mut shutdown) => return,
+                _ = ticker.tick() => {
+                    // A plugin unknown to the index rescans `plugin-dir`: file system work.
+                    let (r, t, k) = (rollouts.clone(), tree.clone(), known.clone());
+                    if tokio::task::spawn_blocking(move || r.refresh(&t, &*k)).await.is_err() {
+                        continue;
+                    }
+                    for definition in rollouts.definitions() {
+                        if gate.is_leader() {
+                            step(&rollouts, &registry, &tree, &definition).await;
+                        } else {
+                            follow(&rollouts, &registry, &definition).await;
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
+impl Rollouts {
+    /// The rollouts' lines of `/metrics` (Prometheus text format).
+    pub fn render_metrics(&self) -> String {
+        use std::fmt::Write as _;
+        let c = &self.counters;
+        let mut out = String::new();
+        for (name, help, value) in [
+            (
+                "ccfleet_rollout_stage_advances_total",
+                "Stages of staged rollouts passed.",
+                &c.advances,
+            ),
+            (
+                "ccfleet_rollout_pauses_total",
+                "Staged rollouts paused (by their gates or an operator).",
+                &c.pauses,
+            ),
+            (
+                "ccfleet_rollout_rollbacks_total",
+                "Staged rollouts rolled back by their gates.",
+                &c.rollbacks,
+            ),
+            (
+                "ccfleet_rollout_completions_total",
+                "Staged rollouts completed.",
+                &c.completions,
+            ),
+            (
+                "ccfleet_rollout_aborts_total",
+                "Staged rollouts aborted by an operator.",
+                &c.aborts,
+            ),
+            (
+                "ccfleet_agent_reports_refused_total",
+                "Agent reports refused as malformed.",
+                &c.bad_reports,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                value.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ccfleet_rollout_stage The current stage of each staged rollout (from 0), by status.\n# TYPE ccfleet_rollout_stage gauge"
+        );
+        for d in self.definitions() {
+            if let Some(s) = self.state(&d.name).filter(|s| s.digest == d.digest) {
+                let _ = writeln!(
+                    out,
+                    "ccfleet_rollout_stage{{rollout=\"{}\",status=\"{}\"}} {}",
+                    d.name,
+                    s.status.as_str(),
+                    s.stage
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ccfleet_rollouts_refused Rollout definitions refused at the last look.\n# TYPE ccfleet_rollouts_refused gauge\nccfleet_rollouts_refused {}",
+            self.problems().len()
+        );
+        out
+    }
+}
