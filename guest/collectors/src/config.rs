@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use crate::{
     Common, beegfs, cpufreq, cpufreq_cpuinfo, cpustat, customcmd, diskstat, gpfs, ibstat, iostat,
     ipmistat, loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, rapl,
-    schedstat, slurm_cgroup, tempstat, topprocs,
+    schedstat, slurm_cgroup, smartmon, tempstat, topprocs,
 };
 
 /// A JSON object whose keys are taken one by one; [`Options::finish`] refuses the rest.
