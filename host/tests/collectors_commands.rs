@@ -1454,7 +1454,7 @@ async fn vendor_tools_where_installed() {
         );
         let loaded = runtime.load(&spec).await.expect("loads");
         let (sink, _rx) = sink::channel(16);
-        let instance = loaded
+        let mut instance = loaded
             .instantiate(&runtime, &spec, sink)
             .await
             .expect("instantiates");
