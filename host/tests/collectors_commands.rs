@@ -1,8 +1,9 @@
-//! The command collector plugins (`ipmistat`, `customcmd`, `topprocs`, `lustrestat`, `gpfs`)
-//! through the plugin host, running granted commands.
+//! The command collector plugins (`ipmistat`, `customcmd`, `topprocs`, `lustrestat`, `gpfs`,
+//! `smartmon`, `beegfs_meta`, `beegfs_storage`) through the plugin host, running granted
+//! commands.
 //!
 //! The tools are played by `fixtures/commands/replay.sh`, which prints an output written by
-//! hand in the tool's documented format (`fixtures/commands/*.txt`, `.csv`, `.lp`; the first
+//! hand in the tool's documented format (`fixtures/commands/*.txt`, `.csv`, `.lp`, `.json`; the first
 //! `mmpmon` records are the example of IBM's documentation) from a file this test
 //! rewrites between rounds, or fails as a tool that cannot reach its device when a `.fail`
 //! file sits beside it. Each test calls `collect` on the real component with chosen
@@ -86,10 +87,23 @@ impl Run {
     /// its output file, which `outputs` fills first) and `read_files` under the test's root.
     async fn start(
         component: &str,
+        config: serde_json::Value,
+        grants: &[&str],
+        outputs: &[(&str, &str)],
+        read_files: &[&str],
+    ) -> Result<Run, String> {
+        Run::launch(component, config, grants, outputs, read_files, false).await
+    }
+
+    /// [`Run::start`], with `capabilities.mount-info` when `mount_info` says so (the mount
+    /// table is then the root's `proc/self/mounts`, see [`Run::file`]).
+    async fn launch(
+        component: &str,
         mut config: serde_json::Value,
         grants: &[&str],
         outputs: &[(&str, &str)],
         read_files: &[&str],
+        mount_info: bool,
     ) -> Result<Run, String> {
         let dir = tempfile::tempdir().unwrap();
         set_mode(dir.path(), 0o755);
@@ -116,6 +130,7 @@ impl Run {
         }
         spec.capabilities.read_files = read_files.iter().map(|f| (*f).to_owned()).collect();
         spec.capabilities.files_root = Some(dir.path().to_path_buf());
+        spec.capabilities.mount_info = mount_info;
         let (sink, rx) = sink::channel(16);
         let run_dir = dir.path().to_path_buf();
         for (grant, text) in outputs {
@@ -149,6 +164,15 @@ impl Run {
         match stderr {
             Some(text) => std::fs::write(fail, text).unwrap(),
             None => std::fs::remove_file(fail).unwrap(),
+        }
+    }
+
+    /// Makes the grant print its output and exit with `status`, or with 0 again.
+    fn status(&self, grant: &str, status: Option<i32>) {
+        let path = self.path(&format!("{grant}.out.status"));
+        match status {
+            Some(code) => std::fs::write(path, code.to_string()).unwrap(),
+            None => std::fs::remove_file(path).unwrap(),
         }
     }
 
@@ -902,6 +926,459 @@ async fn customcmd_forwards_granted_commands_and_files_of_line_protocol() {
 }
 
 // ---------------------------------------------------------------------------------------
+// smartmon
+
+/// The points of one `smartctl --json=c --all` report, by this test's reading of its JSON:
+/// the NVMe health log, or for other devices the fields smartctl gives every device.
+fn smartmon_points(device: &str, report: &str, excluded: &[&str]) -> Vec<Got> {
+    let report: serde_json::Value = serde_json::from_str(report).unwrap();
+    let tags = [("type", "node"), ("stype", "disk"), ("stype-id", device)];
+    let mut values: Vec<(&str, i64, &str)> = Vec::new();
+    if let Some(log) = report.get("nvme_smart_health_information_log") {
+        let int = |key: &str| log[key].as_i64().unwrap();
+        values.extend([
+            ("smartmon_temp", int("temperature"), "degC"),
+            ("smartmon_percent_used", int("percentage_used"), "percent"),
+            ("smartmon_avail_spare", int("available_spare"), "percent"),
+            ("smartmon_data_units_read", int("data_units_read"), ""),
+            ("smartmon_data_units_write", int("data_units_written"), ""),
+            ("smartmon_host_reads", int("host_reads"), ""),
+            ("smartmon_host_writes", int("host_writes"), ""),
+            ("smartmon_power_cycles", int("power_cycles"), ""),
+            ("smartmon_power_on", int("power_on_hours") * 3600, "sec"),
+            ("smartmon_unsafe_shutdowns", int("unsafe_shutdowns"), ""),
+            ("smartmon_media_errors", int("media_errors"), ""),
+            ("smartmon_errlog_entries", int("num_err_log_entries"), ""),
+            ("smartmon_warn_temp_time", int("warning_temp_time"), ""),
+            ("smartmon_crit_comp_time", int("critical_comp_time"), ""),
+        ]);
+    } else {
+        values.extend([
+            (
+                "smartmon_temp",
+                report["temperature"]["current"].as_i64().unwrap(),
+                "degC",
+            ),
+            (
+                "smartmon_power_cycles",
+                report["power_cycle_count"].as_i64().unwrap(),
+                "",
+            ),
+            (
+                "smartmon_power_on",
+                report["power_on_time"]["hours"].as_i64().unwrap() * 3600,
+                "sec",
+            ),
+        ]);
+    }
+    values
+        .into_iter()
+        .filter(|(name, ..)| !excluded.contains(name))
+        .map(|(name, value, unit)| point(name, &with_unit(&tags, unit), V::I(value)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smartmon_follows_the_scan_and_fails_rounds_on_bad_reports() {
+    let nvme0 = [
+        recorded("smartctl-nvme0-1.json"),
+        recorded("smartctl-nvme0-2.json"),
+    ];
+    let sda = recorded("smartctl-sda.json");
+    let nvme1 = recorded("smartctl-nvme1.json");
+    let mut run = Run::start(
+        "smartmon",
+        json!({"excludeMetrics": ["smartmon_crit_comp_time"]}),
+        &[
+            "smartctl-scan",
+            "smartctl-nvme0",
+            "smartctl-nvme1",
+            "smartctl-sda",
+        ],
+        &[
+            ("smartctl-scan", &recorded("smartctl-scan-1.json")),
+            ("smartctl-nvme0", &nvme0[0]),
+            ("smartctl-nvme1", &nvme1),
+            ("smartctl-sda", &sda),
+        ],
+        &[],
+    )
+    .await
+    .unwrap();
+    let excluded = ["smartmon_crit_comp_time"];
+    let mut expected = smartmon_points("/dev/nvme0", &nvme0[0], &excluded);
+    expected.extend(smartmon_points("/dev/sda", &sda, &excluded));
+    assert_eq!(
+        expected.len(),
+        13 + 3,
+        "the NVMe log and the SATA disk's fields"
+    );
+    assert_points(run.collect(T1).await, expected);
+
+    // Round 2: nvme0 has an error log entry, which smartctl says with status bit 6: its
+    // report is still read.
+    run.output("smartctl-nvme0", &nvme0[1]);
+    run.status("smartctl-nvme0", Some(64));
+    let mut expected = smartmon_points("/dev/nvme0", &nvme0[1], &excluded);
+    expected.extend(smartmon_points("/dev/sda", &sda, &excluded));
+    assert!(expected.contains(&point(
+        "smartmon_errlog_entries",
+        &[
+            ("type", "node"),
+            ("stype", "disk"),
+            ("stype-id", "/dev/nvme0")
+        ],
+        V::I(3)
+    )));
+    assert_points(run.collect(T2).await, expected.clone());
+    run.status("smartctl-nvme0", None);
+
+    // A report cut short, then something that is not JSON, then a scan that fails: each
+    // fails the round naming the device or the grant.
+    run.output("smartctl-nvme0", &cut(&nvme0[1]));
+    let message = run.collect_fails(T2 + 1).await;
+    assert_contains(
+        &message,
+        &[
+            "smartmon",
+            "device \"/dev/nvme0\"",
+            "command smartctl-nvme0",
+            "not JSON",
+        ],
+    );
+    run.output("smartctl-nvme0", "Segmentation fault\n");
+    let message = run.collect_fails(T2 + 2).await;
+    assert_contains(&message, &["command smartctl-nvme0", "Segmentation fault"]);
+    run.output("smartctl-nvme0", &nvme0[1]);
+    run.failing("smartctl-scan", Some("smartctl: permission denied\n"));
+    let message = run.collect_fails(T2 + 3).await;
+    assert_contains(
+        &message,
+        &[
+            "command smartctl-scan exited with status 1",
+            "permission denied",
+        ],
+    );
+    run.failing("smartctl-scan", None);
+
+    // Round 3: the SATA disk is gone, nvme1 appeared.
+    run.output("smartctl-scan", &recorded("smartctl-scan-2.json"));
+    let mut expected = smartmon_points("/dev/nvme0", &nvme0[1], &excluded);
+    expected.extend(smartmon_points("/dev/nvme1", &nvme1, &excluded));
+    assert_points(run.collect(T3).await, expected.clone());
+
+    // nvme1 cannot be opened (status 2): smartctl's own message is quoted. A disk the
+    // scan finds without a grant names the grant to add.
+    run.output("smartctl-nvme1", &recorded("smartctl-nvme1-gone.json"));
+    run.status("smartctl-nvme1", Some(2));
+    let message = run.collect_fails(T3 + 1).await;
+    assert_contains(
+        &message,
+        &["device \"/dev/nvme1\"", "status 2", "No such device"],
+    );
+    run.status("smartctl-nvme1", None);
+    run.output("smartctl-nvme1", &nvme1);
+    run.output("smartctl-scan", &recorded("smartctl-scan-3.json"));
+    let message = run.collect_fails(T3 + 2).await;
+    assert_contains(
+        &message,
+        &[
+            "device \"/dev/nvme2\"",
+            "smartctl-nvme2",
+            "not granted",
+            "exclude_devices",
+        ],
+    );
+    run.output("smartctl-scan", &recorded("smartctl-scan-2.json"));
+    assert_points(run.collect(T4).await, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smartmon_queries_configured_devices_by_their_grants_without_a_scan() {
+    let nvme0 = recorded("smartctl-nvme0-1.json");
+    let mut run = Run::start(
+        "smartmon",
+        json!({
+            "devices": [{"name": "/dev/nvme0", "type": "nvme", "command": "boot-disk"},
+                        {"name": "/dev/sda", "type": "sat"}],
+            "exclude_devices": ["/dev/sda"],
+            "exclude_metrics": ["smartmon_temp"]
+        }),
+        &["boot-disk"],
+        &[("boot-disk", &nvme0)],
+        &[],
+    )
+    .await
+    .unwrap();
+    let expected = smartmon_points("/dev/nvme0", &nvme0, &["smartmon_temp"]);
+    assert_eq!(expected.len(), 13);
+    assert_points(run.collect(T1).await, expected);
+    // The grant reports another device than the one configured: refused.
+    run.output("boot-disk", &recorded("smartctl-nvme1.json"));
+    let message = run.collect_fails(T2).await;
+    assert_contains(&message, &["command boot-disk", "is of \"/dev/nvme1\""]);
+
+    // cc-metric-collector's sudo and a path where a grant name belongs are refused at start.
+    for config in [
+        json!({"use_sudo": true}),
+        json!({"scan_command": "/usr/sbin/smartctl --scan"}),
+        json!({"excludeMetrics": ["smartmon_temperature"]}),
+    ] {
+        let err = Run::start("smartmon", config.clone(), &[], &[], &[])
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{config} must be refused"));
+        assert_contains(&err, &["smartmon"]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// beegfs_meta, beegfs_storage
+
+/// The operations BeeGFS's metadata servers count, as `beegfs-ctl` names them.
+const BEEGFS_META_OPS: [&str; 39] = [
+    "sum",
+    "ack",
+    "close",
+    "entInf",
+    "fndOwn",
+    "mkdir",
+    "create",
+    "rddir",
+    "refrEnt",
+    "mdsInf",
+    "rmdir",
+    "rmLnk",
+    "mvDirIns",
+    "mvFiIns",
+    "open",
+    "ren",
+    "sChDrct",
+    "sAttr",
+    "sDirPat",
+    "stat",
+    "statfs",
+    "trunc",
+    "symlnk",
+    "unlnk",
+    "lookLI",
+    "statLI",
+    "revalLI",
+    "openLI",
+    "createLI",
+    "hardlnk",
+    "flckAp",
+    "flckEn",
+    "flckRg",
+    "dirparent",
+    "listXA",
+    "getXA",
+    "rmXA",
+    "setXA",
+    "mirror",
+];
+
+/// The storage servers' operations in the form the recordings print them.
+const BEEGFS_STORAGE_OPS: [&str; 18] = [
+    "sum", "ack", "sChDrct", "getFSize", "sAttr", "statfs", "trunc", "close", "fsync", "ops-rd",
+    "MiB-rd/s", "ops-wr", "MiB-wr/s", "gendbg", "hrtbeat", "remNode", "storInf", "unlnk",
+];
+
+/// The points of a `beegfs-ctl --clientstats` recording's `Sum:` line for `filesystem`:
+/// known operations under their name, excluded and unknown ones summed as `other`.
+fn beegfs_points(
+    text: &str,
+    prefix: &str,
+    known: &[&str],
+    excluded: &[&str],
+    filesystem: &str,
+) -> Vec<Got> {
+    let sum = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Sum:"))
+        .expect("a Sum: line");
+    let tokens: Vec<&str> = sum.split_whitespace().collect();
+    let tags = [("type", "node"), ("filesystem", filesystem)];
+    let mut out = Vec::new();
+    let mut other = 0.0;
+    for pair in tokens.chunks(2) {
+        let value: f64 = pair[0].parse().unwrap();
+        let op = pair[1].trim_start_matches('[').trim_end_matches(']');
+        if known.contains(&op) && !excluded.contains(&op) {
+            out.push(point(&format!("{prefix}{op}"), &tags, V::F(value)));
+        } else {
+            other += value;
+        }
+    }
+    out.push(point(&format!("{prefix}other"), &tags, V::F(other)));
+    out
+}
+
+const BEEOND_MOUNTS: &str = "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n\
+    /dev/sda2 / ext4 rw,relatime 0 0\n\
+    nfs01:/home /home nfs4 rw,relatime,vers=4.2 0 0\n\
+    beegfs_ondemand /mnt/beeond beegfs rw,relatime,cfgFile=/etc/beegfs/beeond-client.conf 0 0\n\
+    beegfs_ondemand /mnt/ignore_me beegfs rw,relatime,cfgFile=/etc/beegfs/beeond2.conf 0 0\n\
+    beegfs_nodev /mnt/beegfs beegfs rw,relatime,cfgFile=/etc/beegfs/beegfs-client.conf 0 0\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beegfs_meta_sends_the_sum_line_per_beeond_mount_and_follows_the_mount_table() {
+    let rounds = [
+        recorded("beegfs-ctl-meta-1.txt"),
+        recorded("beegfs-ctl-meta-2.txt"),
+    ];
+    let mut run = Run::launch(
+        "beegfs_meta",
+        json!({"exclude_filesystem": ["/mnt/ignore_me"], "exclude_metrics": ["ack", "entInf"]}),
+        &["beegfs-meta-mnt-beeond", "beegfs-meta-scratch-job"],
+        &[
+            ("beegfs-meta-mnt-beeond", &rounds[0]),
+            ("beegfs-meta-scratch-job", &rounds[1]),
+        ],
+        &[],
+        true,
+    )
+    .await
+    .unwrap();
+    run.file("/proc/self/mounts", BEEOND_MOUNTS);
+    let excluded = ["ack", "entInf"];
+    let points = |text: &str, fs: &str| {
+        beegfs_points(text, "beegfs_cmeta_", &BEEGFS_META_OPS, &excluded, fs)
+    };
+    let first = points(&rounds[0], "/mnt/beeond");
+    assert_eq!(
+        first.len(),
+        39 - 2 + 1,
+        "every known operation but two, and other"
+    );
+    assert_points(run.collect(T1).await, first);
+    // Round 2: new counters, including one this version does not know (summed as other).
+    run.output("beegfs-meta-mnt-beeond", &rounds[1]);
+    assert!(rounds[1].contains(" [39]"));
+    assert_points(run.collect(T2).await, points(&rounds[1], "/mnt/beeond"));
+
+    // beegfs-ctl fails, its output is cut, then garbled: the round fails naming the grant.
+    run.failing(
+        "beegfs-meta-mnt-beeond",
+        Some("Unable to find BeeGFS mount: /mnt/beeond\n"),
+    );
+    let message = run.collect_fails(T2 + 1).await;
+    assert_contains(
+        &message,
+        &[
+            "beegfs_meta",
+            "command beegfs-meta-mnt-beeond exited with status 1",
+            "Unable to find",
+            "/mnt/beeond",
+        ],
+    );
+    run.failing("beegfs-meta-mnt-beeond", None);
+    run.output("beegfs-meta-mnt-beeond", &cut(&rounds[1]));
+    let message = run.collect_fails(T2 + 2).await;
+    assert_contains(&message, &["command beegfs-meta-mnt-beeond", "cut short"]);
+    run.output(
+        "beegfs-meta-mnt-beeond",
+        "Sum:   12 [sum]  3 [ack\n10.20.0.11  12 [sum]\n",
+    );
+    let message = run.collect_fails(T2 + 3).await;
+    assert_contains(
+        &message,
+        &["not a line of beegfs-ctl --clientstats", "[ack"],
+    );
+
+    // A second BeeOND file system is mounted (its grant named after its mount point), then
+    // one without a grant: the round names the grant to add.
+    run.output("beegfs-meta-mnt-beeond", &rounds[0]);
+    let two = format!("{BEEOND_MOUNTS}beegfs_ondemand /scratch/job beegfs rw,relatime 0 0\n");
+    run.file("/proc/self/mounts", &two);
+    let mut expected = points(&rounds[0], "/mnt/beeond");
+    expected.extend(points(&rounds[1], "/scratch/job"));
+    assert_points(run.collect(T3).await, expected);
+    run.file(
+        "/proc/self/mounts",
+        &format!("{two}beegfs_ondemand /mnt/new beegfs rw 0 0\n"),
+    );
+    let message = run.collect_fails(T3 + 1).await;
+    assert_contains(
+        &message,
+        &["beegfs-meta-mnt-new", "not granted", "exclude_filesystem"],
+    );
+    // It is unmounted again, and so is /scratch/job.
+    run.file("/proc/self/mounts", BEEOND_MOUNTS);
+    assert_points(run.collect(T4).await, points(&rounds[0], "/mnt/beeond"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beegfs_storage_uses_the_named_grant_and_needs_the_mount_table() {
+    let rounds = [
+        recorded("beegfs-ctl-storage-1.txt"),
+        recorded("beegfs-ctl-storage-2.txt"),
+    ];
+    let config = json!({
+        "exclude_filesystem": ["/mnt/ignore_me"],
+        "mount_commands": {"/mnt/beeond": "beeond-storage"},
+        "exclude_metrics": ["hrtbeat", "beegfs_cstorage_gendbg"]
+    });
+    let mut run = Run::launch(
+        "beegfs_storage",
+        config.clone(),
+        &["beeond-storage"],
+        &[("beeond-storage", &rounds[0])],
+        &[],
+        true,
+    )
+    .await
+    .unwrap();
+    run.file("/proc/self/mounts", BEEOND_MOUNTS);
+    // `hrtbeat` is summed as other; the full name `beegfs_cstorage_gendbg` is dropped.
+    let points = |text: &str| {
+        let mut points = beegfs_points(
+            text,
+            "beegfs_cstorage_",
+            &BEEGFS_STORAGE_OPS,
+            &["hrtbeat"],
+            "/mnt/beeond",
+        );
+        points.retain(|p| p.name != "beegfs_cstorage_gendbg");
+        points
+    };
+    let first = points(&rounds[0]);
+    assert!(first.iter().any(|p| p.name == "beegfs_cstorage_MiB-rd/s"));
+    assert_points(run.collect(T1).await, first);
+    run.output("beeond-storage", &rounds[1]);
+    assert_points(run.collect(T2).await, points(&rounds[1]));
+
+    // Without capabilities.mount-info the mount table is refused, and the round says what
+    // to grant.
+    let mut run = Run::launch(
+        "beegfs_storage",
+        config,
+        &["beeond-storage"],
+        &[("beeond-storage", &rounds[0])],
+        &[],
+        false,
+    )
+    .await
+    .unwrap();
+    run.file("/proc/self/mounts", BEEOND_MOUNTS);
+    let message = run.collect_fails(T1).await;
+    assert_contains(&message, &["beegfs_storage", "capabilities.mount-info"]);
+
+    // cc-metric-collector's executable path is refused at start, saying what to do.
+    let err = Run::start(
+        "beegfs_storage",
+        json!({"beegfs_path": "/usr/bin/beegfs-ctl"}),
+        &[],
+        &[],
+        &[],
+    )
+    .await
+    .err()
+    .expect("beegfs_path is refused");
+    assert_contains(&err, &["beegfs_path", "capabilities.run"]);
+}
+
+// ---------------------------------------------------------------------------------------
 // The real tools
 
 /// The vendor tools themselves, where installed: their plugin runs one round through the
@@ -938,7 +1415,55 @@ async fn vendor_tools_where_installed() {
             vec!["-p", "-s"],
             json!({"send_abs_values": true}),
         ),
+        (
+            "smartmon",
+            "smartctl-scan",
+            "/usr/sbin/smartctl",
+            vec!["--scan", "--json=c"],
+            json!({}),
+        ),
     ];
+    // beegfs-ctl needs a BeeOND file system mounted to say anything; where it is
+    // installed, the plugins run over the node's own mount table with a grant for BeeOND's
+    // usual mount point, and a round either succeeds or names what it lacks.
+    for (component, nodetype) in [("beegfs_meta", "meta"), ("beegfs_storage", "storage")] {
+        let path = "/usr/bin/beegfs-ctl";
+        if !Path::new(path).is_file() {
+            println!("skipped the real beegfs-ctl for {component}: {path} is not installed");
+            continue;
+        }
+        let runtime = Runtime::new(RuntimeOptions {
+            cache_dir: None,
+            ..RuntimeOptions::default()
+        })
+        .unwrap();
+        let mut spec = PluginSpec::new(guests::component(component));
+        spec.config = json!({"hostname": HOST});
+        spec.capabilities.mount_info = true;
+        spec.capabilities.run.insert(
+            format!("beegfs-{nodetype}-mnt-beeond"),
+            RunGrant {
+                args: vec![
+                    "--clientstats".to_owned(),
+                    format!("--nodetype={nodetype}"),
+                    "--mount=/mnt/beeond".to_owned(),
+                    "--allstats".to_owned(),
+                ],
+                ..RunGrant::new(path)
+            },
+        );
+        let loaded = runtime.load(&spec).await.expect("loads");
+        let (sink, _rx) = sink::channel(16);
+        let mut instance = loaded
+            .instantiate(&runtime, &spec, sink)
+            .await
+            .expect("instantiates");
+        match instance.collect(T1).await {
+            Ok(Ok(())) => {}
+            Ok(Err(message)) => assert_contains(&message, &[component]),
+            other => panic!("{component} over the real beegfs-ctl trapped: {other:?}"),
+        }
+    }
     for (component, grant, path, args, mut config) in tools {
         if !Path::new(path).is_file() {
             println!("skipped the real {grant}: {path} is not installed");

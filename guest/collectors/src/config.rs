@@ -11,9 +11,9 @@ use alloc::vec::Vec;
 use serde_json::{Map, Value};
 
 use crate::{
-    Common, cpufreq, cpufreq_cpuinfo, cpustat, customcmd, diskstat, gpfs, ibstat, iostat, ipmistat,
-    loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, rapl, schedstat,
-    slurm_cgroup, tempstat, topprocs,
+    Common, beegfs, cpufreq, cpufreq_cpuinfo, cpustat, customcmd, diskstat, gpfs, ibstat, iostat,
+    ipmistat, loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, rapl,
+    schedstat, slurm_cgroup, smartmon, tempstat, topprocs,
 };
 
 /// A JSON object whose keys are taken one by one; [`Options::finish`] refuses the rest.
@@ -129,6 +129,60 @@ impl Options {
                 .collect(),
             Some(_) => Err(self.wrong(key, "an object of lists of strings")),
         }
+    }
+
+    /// An object of strings.
+    pub fn table(&mut self, key: &str) -> Result<BTreeMap<String, String>, String> {
+        let bad = self.wrong(key, "an object of strings");
+        match self.map.remove(key) {
+            None | Some(Value::Null) => Ok(BTreeMap::new()),
+            Some(Value::Object(map)) => map
+                .into_iter()
+                .map(|(k, v)| match v {
+                    Value::String(v) => Ok((k, v)),
+                    _ => Err(bad.clone()),
+                })
+                .collect(),
+            Some(_) => Err(bad),
+        }
+    }
+
+    /// A list of objects of strings.
+    pub fn records(&mut self, key: &str) -> Result<Vec<BTreeMap<String, String>>, String> {
+        let bad = self.wrong(key, "a list of objects of strings");
+        match self.map.remove(key) {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .into_iter()
+                .map(|item| {
+                    let Value::Object(map) = item else {
+                        return Err(bad.clone());
+                    };
+                    map.into_iter()
+                        .map(|(k, v)| match v {
+                            Value::String(v) => Ok((k, v)),
+                            _ => Err(bad.clone()),
+                        })
+                        .collect()
+                })
+                .collect(),
+            Some(_) => Err(bad),
+        }
+    }
+
+    /// Refuses a grant name that is a path or command line (what cc-metric-collector's
+    /// keys hold), saying what to do instead.
+    pub fn check_grant(&self, key: &str, name: &str) -> Result<(), String> {
+        if name.is_empty() || name.contains('/') || name.chars().any(char::is_whitespace) {
+            return Err(format!(
+                "{}: `{key}` names a grant of the plugin's capabilities.run, not a path or \
+                 command line ({}): grant the executable and its arguments there under a \
+                 name and give that name",
+                self.collector,
+                crate::quoted(name, 80)
+            ));
+        }
+        Ok(())
     }
 
     /// An object of objects of strings.
@@ -508,6 +562,93 @@ impl FromOptions for gpfs::Gpfs {
             send_total_values: o.bool("send_total_values", d.send_total_values)?,
             send_bandwidths: o.bool("send_bandwidths", d.send_bandwidths)?,
         })
+    }
+}
+
+impl FromOptions for smartmon::Smartmon {
+    const NAME: &'static str = "smartmon";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        o.refuse_executables(&[])?;
+        let mut devices = Vec::new();
+        for mut entry in o.records("devices")? {
+            let name = entry
+                .remove("name")
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| {
+                    "smartmon: each of `devices` needs a `name` (e.g. \"/dev/nvme0\")".to_owned()
+                })?;
+            // The type is part of the grant's arguments (`--device=<type>`); taken so
+            // cc-metric-collector's entries carry over.
+            entry.remove("type");
+            let command = match entry.remove("command") {
+                Some(command) => command,
+                None => smartmon::device_grant(&name).ok_or_else(|| {
+                    format!(
+                        "smartmon: the device {} is too long a name for a grant: give its \
+                         `command`",
+                        crate::quoted(&name, 80)
+                    )
+                })?,
+            };
+            o.check_grant("devices[].command", &command)?;
+            if let Some(key) = entry.keys().next() {
+                return Err(format!(
+                    "smartmon: unknown key `{key}` in `devices` (name, type, command)"
+                ));
+            }
+            devices.push(smartmon::Device { name, command });
+        }
+        smartmon::Smartmon::new(smartmon::Config {
+            scan_command: o.grant("scan_command", smartmon::SCAN_GRANT)?,
+            devices,
+            exclude_devices: o.strings("exclude_devices")?.unwrap_or_default(),
+            exclude_metrics: o.strings("excludeMetrics")?.unwrap_or_default(),
+        })
+    }
+}
+
+fn beegfs_config(o: &mut Options) -> Result<beegfs::Config, String> {
+    o.refuse_executables(&["beegfs_path"])?;
+    let mount_commands = o.table("mount_commands")?;
+    for grant in mount_commands.values() {
+        o.check_grant("mount_commands", grant)?;
+    }
+    Ok(beegfs::Config {
+        exclude_filesystem: o.strings("exclude_filesystem")?.unwrap_or_default(),
+        // Its `exclude_metrics` (the shared key) names operations: see `with_common`.
+        exclude_metrics: Vec::new(),
+        mount_commands,
+    })
+}
+
+impl FromOptions for beegfs::BeegfsMeta {
+    const NAME: &'static str = "beegfs_meta";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        Ok(beegfs::BeegfsMeta(beegfs::Beegfs::new(
+            beegfs::NodeType::Meta,
+            beegfs_config(o)?,
+        )))
+    }
+
+    fn with_common(self, common: &Common) -> Self {
+        beegfs::BeegfsMeta(self.0.exclude_metrics(common.exclude_metrics.clone()))
+    }
+}
+
+impl FromOptions for beegfs::BeegfsStorage {
+    const NAME: &'static str = "beegfs_storage";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        Ok(beegfs::BeegfsStorage(beegfs::Beegfs::new(
+            beegfs::NodeType::Storage,
+            beegfs_config(o)?,
+        )))
+    }
+
+    fn with_common(self, common: &Common) -> Self {
+        beegfs::BeegfsStorage(self.0.exclude_metrics(common.exclude_metrics.clone()))
     }
 }
 

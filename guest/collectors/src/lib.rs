@@ -25,6 +25,7 @@ use alloc::borrow::ToOwned;
 use alloc::string::String;
 use alloc::vec::Vec;
 
+pub mod beegfs;
 #[cfg(feature = "json")]
 pub mod config;
 pub mod cpufreq;
@@ -50,6 +51,7 @@ pub mod rapl;
 mod robustness;
 pub mod schedstat;
 pub mod slurm_cgroup;
+pub mod smartmon;
 pub mod tempstat;
 pub mod topprocs;
 
@@ -145,6 +147,28 @@ pub fn whole_lines(text: &str) -> Result<(), String> {
             quoted(last, 80)
         ))
     }
+}
+
+/// The longest grant name the agent accepts, in bytes.
+pub const MAX_GRANT_NAME: usize = 64;
+
+/// The grant name a collector derives for one of several like things it finds at run time
+/// (a disk, a mount point): `prefix` and the components of `path` joined by `-`, with each
+/// character a grant name cannot hold (anything but letters, digits, `-`, `_`, `.`) as `_`.
+/// `None` when the result is longer than a grant name may be.
+pub fn derived_grant(prefix: &str, path: &str) -> Option<String> {
+    let mut name = String::from(prefix);
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        name.push('-');
+        name.extend(part.chars().map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        }));
+    }
+    (name.len() <= MAX_GRANT_NAME).then_some(name)
 }
 
 /// A metric value.
@@ -389,6 +413,24 @@ pub(crate) fn parse_u64(text: &str, what: &str, path: &str) -> Result<u64, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn derived_grants_join_the_path_and_replace_what_a_name_cannot_hold() {
+        assert_eq!(
+            derived_grant("beegfs-meta", "/mnt/beeond").as_deref(),
+            Some("beegfs-meta-mnt-beeond")
+        );
+        assert_eq!(
+            derived_grant("smartctl", "nvme0").as_deref(),
+            Some("smartctl-nvme0")
+        );
+        assert_eq!(
+            derived_grant("x", "/a b/c:d//").as_deref(),
+            Some("x-a_b-c_d")
+        );
+        assert_eq!(derived_grant("x", &"y".repeat(63)), None);
+        assert!(derived_grant("x", &"y".repeat(62)).is_some());
+    }
 
     #[test]
     fn counters_wrap_at_32_bits_and_reset_above() {

@@ -184,6 +184,11 @@ fn outputs() -> Recorded {
         "lctl-llite-stats" => "lctl-llite-stats-1.txt",
         "mmpmon-fs-io" => "mmpmon-fs_io_s-1.txt",
         "app" => "customcmd-app.lp",
+        "smartctl-scan" => "smartctl-scan-1.json",
+        "smartctl-nvme0" => "smartctl-nvme0-1.json",
+        "smartctl-sda" => "smartctl-sda.json",
+        "beegfs-meta-mnt-beeond" => "beegfs-ctl-meta-1.txt",
+        "beegfs-storage-mnt-beeond" => "beegfs-ctl-storage-1.txt",
     );
     Recorded(
         all.iter()
@@ -218,6 +223,15 @@ fn command_collectors() -> Vec<alloc::boxed::Box<dyn crate::CommandCollector>> {
             .unwrap(),
         ),
         Box::new(crate::gpfs::Gpfs::new(every(Default::default())).unwrap()),
+        Box::new(crate::smartmon::Smartmon::default()),
+        Box::new(crate::beegfs::BeegfsMeta(crate::beegfs::Beegfs::new(
+            crate::beegfs::NodeType::Meta,
+            crate::beegfs::Config {
+                exclude_metrics: alloc::vec!["ack".to_string()],
+                ..Default::default()
+            },
+        ))),
+        Box::new(crate::beegfs::BeegfsStorage::default()),
         Box::new(
             crate::customcmd::Customcmd::new(crate::customcmd::Config {
                 commands: alloc::vec!["app".to_string()],
@@ -231,7 +245,12 @@ fn command_collectors() -> Vec<alloc::boxed::Box<dyn crate::CommandCollector>> {
 #[test]
 fn damaged_command_output_fails_a_round_at_most_and_never_panics() {
     let good = outputs();
+    // The BeeOND mount the beegfs collectors find.
     let mut files = Memory::default();
+    files.0.insert(
+        crate::mounts::PATH.to_string(),
+        "beegfs_ondemand /mnt/beeond beegfs rw 0 0\n".to_string(),
+    );
     for (grant, text) in good.0.clone() {
         for broken in damaged(&text) {
             for mut collector in command_collectors() {
@@ -266,7 +285,7 @@ fn arbitrary_output_never_panics_a_parser() {
         state
     };
     let alphabet: &[u8] =
-        b"_0123456789.,|= \n\"\\-+eExiu#llite.stats=_fs_io_s_ _rc_ COMMAND N/A na 0x";
+        b"_0123456789.,|= \n\"\\-+eExiu#llite.stats=_fs_io_s_ _rc_ COMMAND N/A na 0x[]{}:Sum";
     for round in 0..20_000 {
         let len = (next() % 160) as usize;
         let mut bytes: Vec<u8> = (0..len)
@@ -281,6 +300,11 @@ fn arbitrary_output_never_panics_a_parser() {
         let _ = crate::topprocs::parse(&text);
         let _ = crate::lustrestat::parse(&text);
         let _ = crate::gpfs::parse(&text);
+        let _ = crate::beegfs::parse(&text);
+        if let Ok(report) = serde_json::from_str::<serde_json::Value>(&text) {
+            let _ = crate::smartmon::parse_scan(&report);
+            let _ = crate::smartmon::parse_device(&report, "/dev/nvme0");
+        }
         let _ = crate::lineproto::parse(&text);
         let mut out = Vec::new();
         let _ = crate::customcmd::samples(&text, &mut out);

@@ -4,14 +4,14 @@
 //! cc-metric-collector's keys), after the plugin's own parser has accepted them here, so a
 //! setting a plugin would refuse at start is reported now. Grants are the narrowest each
 //! plugin needs: the files it reads (and the host name file unless `hostname` is set), the
-//! mount information for the two that read the mount table, and for command collectors the
+//! mount information for those that read the mount table, and for command collectors the
 //! commands they run, with the executables their settings named ([`translate`]).
 
 use ccfleet_collectors::config::{FromOptions, Options, common};
 use ccfleet_collectors::{
-    cpufreq, cpufreq_cpuinfo, cpustat, customcmd, diskstat, gpfs, ibstat, iostat, ipmistat,
+    beegfs, cpufreq, cpufreq_cpuinfo, cpustat, customcmd, diskstat, gpfs, ibstat, iostat, ipmistat,
     loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, rapl, schedstat,
-    slurm_cgroup, tempstat, topprocs,
+    slurm_cgroup, smartmon, tempstat, topprocs,
 };
 use serde_json::{Map, Value, json};
 
@@ -65,6 +65,9 @@ pub fn check(name: &str, config: &str) -> Option<Result<(), String>> {
         "topprocs" => parse::<topprocs::Topprocs>(config),
         "lustrestat" => parse::<lustrestat::Lustrestat>(config),
         "gpfs" => parse::<gpfs::Gpfs>(config),
+        "smartmon" => parse::<smartmon::Smartmon>(config),
+        "beegfs_meta" => parse::<beegfs::BeegfsMeta>(config),
+        "beegfs_storage" => parse::<beegfs::BeegfsStorage>(config),
         _ => return None,
     })
 }
@@ -108,6 +111,14 @@ fn slurm_cgroup_files(config: &Map<String, Value>) -> Vec<String> {
 /// The file `gpfs`'s grant hands `mmpmon` as its input (`-i`): granted commands get no
 /// standard input, and `mmpmon` reads its requests from one.
 pub const MMPMON_REQUEST_FILE: &str = "/etc/ccfleet/mmpmon-fs_io_s";
+
+/// Where BeeGFS on Demand is usually mounted (its documentation's `beeond start -c`): the
+/// mount point `beegfs_meta` and `beegfs_storage` get a grant for, cc-metric-collector's
+/// configuration naming none (it queries every BeeOND mount it finds).
+pub const BEEOND_MOUNT: &str = "/mnt/beeond";
+
+/// Where `smartctl` usually is (cc-metric-collector looks it up in `PATH`).
+pub const SMARTCTL: &str = "/usr/sbin/smartctl";
 
 /// Keys NHR@FAU's published configurations give collectors that do not read them.
 const IGNORED_KEYS: [(&str, &[&str]); 2] = [
@@ -163,7 +174,14 @@ pub fn translate(
     let mut take = |key: &str| config.remove(key);
     let runs_commands = matches!(
         name,
-        "ipmistat" | "lustrestat" | "gpfs" | "topprocs" | "customcmd"
+        "ipmistat"
+            | "lustrestat"
+            | "gpfs"
+            | "topprocs"
+            | "customcmd"
+            | "smartmon"
+            | "beegfs_meta"
+            | "beegfs_storage"
     );
     if let Some(sudo) = runs_commands.then(|| take("use_sudo")).flatten() {
         let reason = if sudo == Value::Bool(true) {
@@ -238,6 +256,101 @@ pub fn translate(
             changes.push((
                 "mmpmon_path".to_owned(),
                 Change::Note(format!("mmpmon reads its request from {MMPMON_REQUEST_FILE}, which must hold the line `fs_io_s`")),
+            ));
+        }
+        "smartmon" => {
+            let excluded: Vec<String> = config
+                .get("exclude_devices")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect();
+            let devices: Vec<(String, String)> = config
+                .get("devices")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|d| {
+                    let name = d.get("name")?.as_str()?;
+                    let kind = d.get("type").and_then(Value::as_str).unwrap_or("auto");
+                    Some((name.to_owned(), kind.to_owned()))
+                })
+                .collect();
+            for (device, kind) in devices.iter().filter(|(d, _)| !excluded.contains(d)) {
+                match smartmon::device_grant(device) {
+                    Some(grant_name) => {
+                        run.insert(
+                            grant_name,
+                            grant(
+                                SMARTCTL,
+                                &["--json=c", &format!("--device={kind}"), "--all", device],
+                            ),
+                        );
+                    }
+                    None => changes.push((
+                        "devices".to_owned(),
+                        Change::LeftOut(format!(
+                            "{device:?} is too long a name for a grant: give the entry a `command` naming a grant of your own"
+                        )),
+                    )),
+                }
+            }
+            if devices.is_empty() {
+                run.insert(
+                    smartmon::SCAN_GRANT.into(),
+                    grant(SMARTCTL, &["--scan", "--json=c"]),
+                );
+                changes.push((
+                    "devices".to_owned(),
+                    Change::Note(format!(
+                        "the devices are scanned on the node every round (grant {}); each device found needs a grant of its own, named smartctl-<device without /dev/> (e.g. \"smartctl-nvme0\": {SMARTCTL} --json=c --device=nvme --all /dev/nvme0), or an entry in exclude_devices: add them for the node's disks",
+                        smartmon::SCAN_GRANT
+                    )),
+                ));
+            }
+            changes.push((
+                "smartctl".to_owned(),
+                Change::Note(format!(
+                    "cc-metric-collector looks smartctl up in PATH; the grants name {SMARTCTL}: check that it is there"
+                )),
+            ));
+        }
+        "beegfs_meta" | "beegfs_storage" => {
+            let kind = if name == "beegfs_meta" {
+                beegfs::NodeType::Meta
+            } else {
+                beegfs::NodeType::Storage
+            };
+            let configured = take("beegfs_path");
+            let ctl = executable(
+                configured.as_ref().and_then(Value::as_str),
+                "/usr/bin/beegfs-ctl",
+                "beegfs_path",
+                &mut changes,
+            );
+            let grant_name = kind
+                .default_grant(BEEOND_MOUNT)
+                .unwrap_or_else(|| kind.grant_prefix().to_owned());
+            run.insert(
+                grant_name.clone(),
+                grant(
+                    &ctl,
+                    &[
+                        "--clientstats",
+                        &format!("--nodetype={}", kind.nodetype()),
+                        &format!("--mount={BEEOND_MOUNT}"),
+                        "--allstats",
+                    ],
+                ),
+            );
+            changes.push((
+                "beegfs_path".to_owned(),
+                Change::Note(format!(
+                    "cc-metric-collector queries every BeeOND mount of /proc/mounts; the grant {grant_name} covers {BEEOND_MOUNT}, BeeOND's usual mount point; a BeeOND file system mounted elsewhere needs a grant of its own, named {}-<mount point with - for />",
+                    kind.grant_prefix()
+                )),
             ));
         }
         "topprocs" => {
@@ -325,7 +438,8 @@ pub fn plan(name: &str, config: &Map<String, Value>, run: Map<String, Value>) ->
                 .collect(),
             false,
         ),
-        "ipmistat" | "lustrestat" | "gpfs" | "topprocs" => (Vec::new(), false),
+        "ipmistat" | "lustrestat" | "gpfs" | "topprocs" | "smartmon" => (Vec::new(), false),
+        "beegfs_meta" | "beegfs_storage" => (Vec::new(), true),
         "self" => return Plan::SelfSection,
         other => return Plan::Unsupported(unsupported_reason(other)),
     };
@@ -359,9 +473,6 @@ fn unsupported_reason(name: &str) -> &'static str {
         "nvidia" => {
             "NVML is a native library no sandboxed plugin can load; the agent has no device \
              interface for it yet"
-        }
-        "smartmon" | "beegfs_meta" | "beegfs_storage" => {
-            "this command-based collector has no plugin in this version"
         }
         _ => "cc-metric-collector has no collector of this name",
     }

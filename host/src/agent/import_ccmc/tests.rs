@@ -509,3 +509,61 @@ fn command_collectors_get_their_executables_as_grants() {
     assert_eq!(keys(&import.left_out), ["collectors.customcmd.commands[1]"]);
     assert!(reason(&import.left_out, "collectors.customcmd.commands[1]").contains("absolute"));
 }
+
+#[test]
+fn smartmon_and_beegfs_get_smartctl_and_beegfs_ctl_as_grants() {
+    let import = run(json!({"collectors": {
+        "smartmon": {"use_sudo": true, "exclude_devices": ["/dev/sda"],
+                     "excludeMetrics": ["smartmon_warn_temp_time"],
+                     "devices": [{"name": "/dev/nvme0", "type": "nvme"},
+                                 {"name": "/dev/sda", "type": "sat"}]},
+        "beegfs_meta": {"beegfs_path": "/opt/beegfs/sbin/beegfs-ctl",
+                        "exclude_filesystem": ["/mnt/ignore_me"],
+                        "exclude_metrics": ["ack", "entInf"]},
+        "beegfs_storage": {}}}));
+    let capabilities = |name: &str| plugin(&import, name)["capabilities"].clone();
+    assert_eq!(
+        capabilities("smartmon")["run"],
+        json!({"smartctl-nvme0": {"path": "/usr/sbin/smartctl",
+                                  "args": ["--json=c", "--device=nvme", "--all", "/dev/nvme0"]}})
+    );
+    assert_eq!(
+        plugin(&import, "smartmon")["config"],
+        json!({"exclude_devices": ["/dev/sda"], "excludeMetrics": ["smartmon_warn_temp_time"],
+               "devices": [{"name": "/dev/nvme0", "type": "nvme"},
+                           {"name": "/dev/sda", "type": "sat"}]})
+    );
+    assert!(reason(&import.notes, "collectors.smartmon.use_sudo").contains("`user`"));
+    assert!(reason(&import.notes, "collectors.smartmon.smartctl").contains("PATH"));
+    assert_eq!(
+        capabilities("beegfs_meta"),
+        json!({"read-files": ["/proc/sys/kernel/hostname"], "mount-info": true,
+               "run": {"beegfs-meta-mnt-beeond": {"path": "/opt/beegfs/sbin/beegfs-ctl",
+                       "args": ["--clientstats", "--nodetype=meta", "--mount=/mnt/beeond",
+                                "--allstats"]}}})
+    );
+    assert_eq!(
+        plugin(&import, "beegfs_meta")["config"],
+        json!({"exclude_filesystem": ["/mnt/ignore_me"], "exclude_metrics": ["ack", "entInf"]})
+    );
+    assert!(
+        reason(&import.notes, "collectors.beegfs_meta.beegfs_path").contains("mounted elsewhere")
+    );
+    assert_eq!(
+        capabilities("beegfs_storage")["run"]["beegfs-storage-mnt-beeond"]["args"][1],
+        "--nodetype=storage"
+    );
+    assert_eq!(
+        capabilities("beegfs_storage")["run"]["beegfs-storage-mnt-beeond"]["path"],
+        "/usr/bin/beegfs-ctl"
+    );
+    assert_eq!(keys(&import.left_out), Vec::<&str>::new());
+
+    // Without devices the scan is granted, and the note says each disk needs its grant.
+    let import = run(json!({"collectors": {"smartmon": {}}}));
+    assert_eq!(
+        plugin(&import, "smartmon")["capabilities"]["run"],
+        json!({"smartctl-scan": {"path": "/usr/sbin/smartctl", "args": ["--scan", "--json=c"]}})
+    );
+    assert!(reason(&import.notes, "collectors.smartmon.devices").contains("smartctl-nvme0"));
+}
