@@ -6,6 +6,7 @@ pub mod config;
 mod health;
 pub mod import_ccmc;
 mod observe;
+mod report;
 mod rollout;
 pub mod router;
 pub mod self_metrics;
@@ -385,6 +386,12 @@ impl Agent {
                 None
             }
         };
+        forwarders.push(report::spawn(
+            client.clone(),
+            observed_plugins.clone(),
+            rollout.is_some().then(|| assignments.clone()),
+            config_seen.clone(),
+        ));
         if let Some(section) = &config.self_metrics {
             let sources = self_metrics::Sources {
                 plugins: observed_plugins.clone(),

@@ -1,0 +1,93 @@
+//! What the agent tells the fleet server it runs ([`ccfleet::wire::AgentReport`]): per
+//! plugin its name, the SHA-256 the fleet named for it (none for a plugin configured by
+//! path) and how it fares, and the configuration revision its plugins run with. The
+//! client sends it with every configuration poll; the server's staged rollouts judge
+//! their stages by it.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use ccfleet::client::Client;
+use ccfleet::wire::{AgentReport, PluginHealth, ReportedPlugin};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::health::Assignments;
+use super::observe::{ConfigState, ObservedPlugin};
+use crate::plugin::PluginState;
+
+/// How often the report is brought up to date (it is sent with the next poll).
+const REFRESH: Duration = Duration::from_secs(1);
+
+fn health(state: PluginState) -> PluginHealth {
+    match state {
+        PluginState::Starting => PluginHealth::Starting,
+        PluginState::Running => PluginHealth::Running,
+        PluginState::Backoff => PluginHealth::Restarting,
+        PluginState::Quarantined => PluginHealth::Quarantined,
+        PluginState::LoadFailed => PluginHealth::LoadFailed,
+        PluginState::Stopped => PluginHealth::Stopped,
+    }
+}
+
+/// The report as of now.
+pub(crate) fn build(
+    plugins: &RwLock<Vec<ObservedPlugin>>,
+    assignments: Option<&Assignments>,
+    config: &ConfigState,
+) -> AgentReport {
+    let assigned = assignments
+        .map(|a| a.lock().unwrap_or_else(|e| e.into_inner()).clone())
+        .unwrap_or_default();
+    let mut report = AgentReport {
+        applied: config.revision.trim().parse().unwrap_or(0),
+        plugins: Vec::new(),
+    };
+    let observed = plugins.read().unwrap_or_else(|e| e.into_inner());
+    for plugin in observed.iter() {
+        let name = plugin.name.to_string();
+        let assignment = assigned.get(&name);
+        // A version the fleet named that does not run is what the fleet wants to hear of,
+        // not the older version still running in its place.
+        if assignment.is_some_and(|a| a.problem.is_some()) {
+            continue;
+        }
+        report.plugins.push(ReportedPlugin {
+            sha256: assignment.map(|a| a.sha256.clone()),
+            health: health(plugin.status.borrow().state),
+            name,
+        });
+    }
+    for (name, assignment) in &assigned {
+        if assignment.problem.is_some() {
+            report.plugins.push(ReportedPlugin {
+                name: name.clone(),
+                sha256: Some(assignment.sha256.clone()),
+                health: PluginHealth::DownloadFailed,
+            });
+        }
+    }
+    report
+}
+
+/// Keeps the client's report up to date (a forwarder: aborted when the agent stops).
+pub(crate) fn spawn(
+    client: Client,
+    plugins: Arc<RwLock<Vec<ObservedPlugin>>>,
+    assignments: Option<Arc<Assignments>>,
+    config: watch::Receiver<ConfigState>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut last = None;
+        let mut ticker = tokio::time::interval(REFRESH);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let report = build(&plugins, assignments.as_deref(), &config.borrow());
+            if last.as_ref() != Some(&report) {
+                client.set_report(&report);
+                last = Some(report);
+            }
+        }
+    })
+}
