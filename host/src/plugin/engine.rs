@@ -18,6 +18,7 @@ use wasmtime_wasi::WasiCtx;
 use super::bindings::PluginPre;
 use super::cache::{ComponentCache, content_hash};
 use super::commands::{CommandGrants, StoreCommands};
+use super::nvml::NvmlGrant;
 use super::emit::Emitter;
 use super::events::{EventSender, PluginEvent};
 use super::files::FileGrants;
@@ -312,6 +313,7 @@ impl Runtime {
             logs,
             files,
             commands: StoreCommands::new(commands),
+            nvml: NvmlGrant::new(caps.nvml, caps.nvml_library.as_deref()),
             deadline: Instant::now() + limits.call_timeout,
             table: wasmtime::component::ResourceTable::new(),
             wasi,
