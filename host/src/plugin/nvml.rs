@@ -362,7 +362,9 @@ impl Nvml {
             let Ok(handle) = self.handle(index) else {
                 continue;
             };
-            let mig_enabled = self.two_u32(self.functions.mig_mode, handle).map(|(current, _)| current == FEATURE_ENABLED);
+            let mig_enabled = self
+                .two_u32(self.functions.mig_mode, handle)
+                .map(|(current, _)| current == FEATURE_ENABLED);
             let mut mig_devices = Vec::new();
             if mig && mig_enabled == Some(true) {
                 let max = self
@@ -461,7 +463,11 @@ impl Nvml {
                 below_app_clocks: violations[6],
                 below_base_clocks: violations[7],
             },
-            nvlinks: if physical { self.nvlinks(h) } else { Vec::new() },
+            nvlinks: if physical {
+                self.nvlinks(h)
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -589,7 +595,15 @@ impl Nvml {
             c_uint,
         ) = (0, 0, 0, 0);
         // SAFETY: four pointers to unsigned ints, as declared.
-        let rc = unsafe { f(h, &mut corrected, &mut uncorrected, &mut pending, &mut failure) };
+        let rc = unsafe {
+            f(
+                h,
+                &mut corrected,
+                &mut uncorrected,
+                &mut pending,
+                &mut failure,
+            )
+        };
         (rc == SUCCESS).then_some(RemappedRows {
             corrected,
             uncorrected,

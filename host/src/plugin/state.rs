@@ -26,8 +26,8 @@ use super::emit::{Emitter, PointView};
 use super::events::{EventKind, EventSender, PluginEvent};
 use super::files::FileGrants;
 use super::limits::MemoryLimiter;
-use super::nvml::NvmlGrant;
 use super::logs::{self, LogGate, MAX_LOG_MESSAGE};
+use super::nvml::NvmlGrant;
 use super::sink::Batch;
 use crate::plugin::types::Level;
 
