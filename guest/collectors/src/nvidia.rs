@@ -473,10 +473,10 @@ impl Nvidia {
                 // Whole seconds, as cc-metric-collector divides (a shorter round has none).
                 let seconds =
                     u64::try_from(now_ns.saturating_sub(last_ns)).unwrap_or(0) / 1_000_000_000;
-                if seconds > 0 {
+                if let Some(watts) = joules.checked_div(seconds) {
                     out.push(sample(
                         "nv_average_power",
-                        Value::Uint(joules / seconds),
+                        Value::Uint(watts),
                         Some("watts"),
                     ));
                 }

@@ -239,6 +239,8 @@ mod tests {
             files_root: None,
             mount_info: false,
             run: BTreeMap::new(),
+            nvml: true,
+            nvml_library: Some("/opt/nvidia/libnvidia-ml.so.1".into()),
         };
         fine.validate().unwrap();
     }
