@@ -68,11 +68,7 @@ fn left_out(stdout: &str) -> Vec<String> {
 /// keeps several) and what it cannot carry over: InfluxDB and Ganglia sinks, LIKWID, NVML,
 /// and the collectors without a plugin.
 const SITES: &[(&str, Option<&str>, &[&str])] = &[
-    (
-        "alex",
-        None,
-        &["sinks.nhrinflux", "collectors.likwid", "collectors.nvidia"],
-    ),
+    ("alex", None, &["sinks.nhrinflux", "collectors.likwid"]),
     (
         "fritz",
         None,
@@ -97,22 +93,22 @@ const SITES: &[(&str, Option<&str>, &[&str])] = &[
     (
         "tinygpu",
         Some("collectors.rome.a100.json"),
-        &["sinks.influx", "collectors.likwid", "collectors.nvidia"],
+        &["sinks.influx", "collectors.likwid"],
     ),
     (
         "tinygpu",
         Some("collectors.skx.2080.json"),
-        &["sinks.influx", "collectors.likwid", "collectors.nvidia"],
+        &["sinks.influx", "collectors.likwid"],
     ),
     (
         "tinygpu",
         Some("collectors.skx.3080.json"),
-        &["sinks.influx", "collectors.likwid", "collectors.nvidia"],
+        &["sinks.influx", "collectors.likwid"],
     ),
     (
         "tinygpu",
         Some("collectors.skx.v100.json"),
-        &["sinks.influx", "collectors.likwid", "collectors.nvidia"],
+        &["sinks.influx", "collectors.likwid"],
     ),
     (
         "woody-ng",

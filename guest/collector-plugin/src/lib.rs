@@ -10,7 +10,9 @@
 //!
 //! Collectors of what commands report ([`CommandCollector`]) run the commands of the
 //! plugin's `capabilities.run` through the agent's `cc:fleet/commands` ([`HostCommands`]),
-//! exported with [`export_command_collector!`].
+//! exported with [`export_command_collector!`]. The GPU collector (`nvidia`) reads NVML
+//! through the agent's `cc:fleet/nvml` ([`HostGpus`]), exported with
+//! [`export_gpu_collector!`].
 #![no_std]
 #![warn(missing_docs)]
 
@@ -20,11 +22,12 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use ccfleet_collectors::config::{FromOptions, Options, common, extra_tags};
+use ccfleet_collectors::nvidia::{self as nv, GpuCollector, Gpus};
 use ccfleet_collectors::{
     Collector, CommandCollector, CommandOutput, Commands, Files, FsStats, Runner, Sample, Value,
 };
 use ccfleet_guest::lineproto::FieldRef;
-use ccfleet_guest::{ConfigUpdate, Level, Lines, log};
+use ccfleet_guest::{ConfigUpdate, Level, Lines, log, nvml};
 
 pub use ccfleet_guest;
 
@@ -61,6 +64,115 @@ impl Commands for HostCommands {
             status: output.status,
             stdout: output.stdout,
             stderr: output.stderr,
+        })
+    }
+}
+
+/// [`Gpus`] through the agent's `cc:fleet/nvml`.
+pub struct HostGpus;
+
+fn clocks(c: nvml::Clocks) -> nv::Clocks {
+    nv::Clocks {
+        graphics: c.graphics,
+        sm: c.sm,
+        memory: c.memory,
+        video: c.video,
+    }
+}
+
+fn memory(m: nvml::Memory) -> nv::Memory {
+    nv::Memory {
+        total: m.total,
+        used: m.used,
+    }
+}
+
+impl Gpus for HostGpus {
+    fn devices(&mut self, mig: bool) -> Result<Vec<nv::GpuDevice>, String> {
+        let devices = nvml::devices(mig)?;
+        Ok(devices
+            .into_iter()
+            .map(|d| nv::GpuDevice {
+                index: d.index,
+                name: d.name,
+                uuid: d.uuid,
+                serial: d.serial,
+                board_part_number: d.board_part_number,
+                pci: d.pci.map(|p| nv::PciLocation {
+                    domain: p.domain,
+                    bus: p.bus,
+                    device: p.device,
+                }),
+                mig_enabled: d.mig_enabled,
+                mig_devices: d
+                    .mig_devices
+                    .into_iter()
+                    .map(|m| nv::MigDevice {
+                        index: m.index,
+                        name: m.name,
+                        uuid: m.uuid,
+                    })
+                    .collect(),
+            })
+            .collect())
+    }
+
+    fn read(&mut self, device: u32, mig: Option<u32>) -> Result<nv::Readings, String> {
+        let r = nvml::read(device, mig)?;
+        let v = r.violations;
+        Ok(nv::Readings {
+            memory: r.memory.map(memory),
+            bar1_memory: r.bar1_memory.map(memory),
+            utilization: r.utilization.map(|u| (u.gpu, u.memory)),
+            temperature: r.temperature,
+            fan_speed: r.fan_speed,
+            ecc_mode: r.ecc_mode.map(|m| match m {
+                nvml::EccMode::Enabled => nv::EccMode::Enabled,
+                nvml::EccMode::Disabled => nv::EccMode::Disabled,
+                nvml::EccMode::Unknown => nv::EccMode::Unknown,
+                nvml::EccMode::NotSupported => nv::EccMode::NotSupported,
+            }),
+            performance_state: r.performance_state,
+            power_management: r.power_management,
+            power_usage: r.power_usage,
+            total_energy: r.total_energy,
+            clocks: clocks(r.clocks),
+            max_clocks: clocks(r.max_clocks),
+            ecc_uncorrected: r.ecc_uncorrected,
+            ecc_corrected: r.ecc_corrected,
+            power_limit: r.power_limit,
+            encoder_utilization: r.encoder_utilization,
+            decoder_utilization: r.decoder_utilization,
+            remapped_rows: r.remapped_rows.map(|x| nv::RemappedRows {
+                corrected: x.corrected,
+                uncorrected: x.uncorrected,
+                pending: x.pending,
+                failure: x.failure,
+            }),
+            compute_processes: r.compute_processes,
+            graphics_processes: r.graphics_processes,
+            violations: nv::Violations {
+                power: v.power,
+                thermal: v.thermal,
+                sync_boost: v.sync_boost,
+                board_limit: v.board_limit,
+                low_utilization: v.low_utilization,
+                reliability: v.reliability,
+                below_app_clocks: v.below_app_clocks,
+                below_base_clocks: v.below_base_clocks,
+            },
+            nvlinks: r
+                .nvlinks
+                .into_iter()
+                .map(|l| nv::Nvlink {
+                    link: l.link,
+                    crc_data: l.crc_data,
+                    ecc_data: l.ecc_data,
+                    replay: l.replay,
+                    recovery: l.recovery,
+                    crc_flit: l.crc_flit,
+                })
+                .collect(),
         })
     }
 }
@@ -180,6 +292,43 @@ impl<C: CommandCollector + FromOptions> ccfleet_guest::Plugin for CommandCollect
             .collect_commands(&mut HostCommands, &mut HostFiles, now_ns)?;
         emit(&mut self.lines, &samples, now_ns)
     }
+}
+
+/// A GPU collector as a plugin.
+pub struct GpuCollectorPlugin<C> {
+    runner: Runner<C>,
+    /// The round's points as line protocol, kept (empty) for the next round.
+    lines: Lines,
+}
+
+impl<C: GpuCollector + FromOptions> ccfleet_guest::Plugin for GpuCollectorPlugin<C> {
+    fn init(config: &str) -> Result<Self, String> {
+        Ok(GpuCollectorPlugin {
+            runner: runner(config)?,
+            lines: Lines::new(),
+        })
+    }
+
+    fn on_config(&mut self, update: ConfigUpdate) -> Result<(), String> {
+        apply_config(&mut self.runner, update)
+    }
+
+    fn collect(&mut self, now_ns: i64) -> Result<(), String> {
+        let samples = self
+            .runner
+            .collect_gpus(&mut HostGpus, &mut HostFiles, now_ns)?;
+        emit(&mut self.lines, &samples, now_ns)
+    }
+}
+
+/// Exports a GPU collector type of `ccfleet-collectors` as this component's plugin:
+/// `ccfleet_collector_plugin::export_gpu_collector!(ccfleet_collectors::nvidia::Nvidia);`.
+#[macro_export]
+macro_rules! export_gpu_collector {
+    ($collector:ty) => {
+        type __Exported = $crate::GpuCollectorPlugin<$collector>;
+        $crate::ccfleet_guest::export_plugin!(__Exported);
+    };
 }
 
 /// Exports a command collector type of `ccfleet-collectors` as this component's plugin:

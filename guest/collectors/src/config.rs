@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use crate::{
     Common, beegfs, cpufreq, cpufreq_cpuinfo, cpustat, customcmd, diskstat, gpfs, ibstat, iostat,
-    ipmistat, loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, rapl,
+    ipmistat, loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, nvidia, rapl,
     schedstat, slurm_cgroup, smartmon, tempstat, topprocs,
 };
 
@@ -649,6 +649,33 @@ impl FromOptions for beegfs::BeegfsStorage {
 
     fn with_common(self, common: &Common) -> Self {
         beegfs::BeegfsStorage(self.0.exclude_metrics(common.exclude_metrics.clone()))
+    }
+}
+
+impl FromOptions for nvidia::Nvidia {
+    const NAME: &'static str = "nvidia";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        Ok(nvidia::Nvidia::new(nvidia::Config {
+            exclude_devices: o.strings("exclude_devices")?.unwrap_or_default(),
+            exclude_metrics: Vec::new(),
+            process_mig_devices: o.bool("process_mig_devices", false)?,
+            use_pci_info_as_type_id: o.bool("use_pci_info_as_type_id", false)?,
+            add_pci_info_tag: o.bool("add_pci_info_tag", false)?,
+            add_uuid_meta: o.bool("add_uuid_meta", false)?,
+            add_board_number_meta: o.bool("add_board_number_meta", false)?,
+            add_serial_meta: o.bool("add_serial_meta", false)?,
+            use_uuid_for_mig_device: o.bool("use_uuid_for_mig_device", false)?,
+            use_slice_for_mig_device: o.bool("use_slice_for_mig_device", false)?,
+            meta_as_tags: Vec::new(),
+        }))
+    }
+
+    // `exclude_metrics` also leaves out the `_sum` of an excluded NVLink counter, and
+    // `meta_as_tags` may name the device's meta: both are read by the collector.
+    fn with_common(mut self, common: &Common) -> Self {
+        self.set_common(&common.exclude_metrics, &common.meta_as_tags);
+        self
     }
 }
 

@@ -16,6 +16,9 @@
 //! Collectors of what only a vendor tool reports (`ipmitool`, `lctl`, `mmpmon`, `ps`, ...)
 //! implement [`CommandCollector`] instead: they run the commands the agent's configuration
 //! grants the plugin, by grant name, through [`Commands`], and parse what they wrote.
+//!
+//! `nvidia` reads NVIDIA GPUs through [`nvidia::Gpus`], which the agent serves from the NVML
+//! library it loads for the plugin (a native library a plugin cannot call).
 #![no_std]
 #![warn(missing_docs)]
 
@@ -46,6 +49,7 @@ pub mod netstat;
 pub mod nfsiostat;
 pub mod nfsstat;
 pub mod numastats;
+pub mod nvidia;
 pub mod rapl;
 #[cfg(test)]
 mod robustness;
@@ -333,9 +337,27 @@ impl<C: CommandCollector> Runner<C> {
     }
 }
 
+impl<C: nvidia::GpuCollector> Runner<C> {
+    /// One round of a GPU collector: its samples, filtered and tagged.
+    pub fn collect_gpus(
+        &mut self,
+        gpus: &mut dyn nvidia::Gpus,
+        files: &mut dyn Files,
+        now_ns: i64,
+    ) -> Result<Vec<Sample>, String> {
+        let hostname = self.hostname(files)?.to_owned();
+        let mut samples = Vec::new();
+        let name = self.collector.name();
+        self.collector
+            .collect(gpus, now_ns, &mut samples)
+            .map_err(|e| alloc::format!("{name}: {e}"))?;
+        Ok(self.finish(hostname, samples))
+    }
+}
+
 impl<C> Runner<C> {
-    /// A runner of any collector (the [`Collector`] and [`CommandCollector`] methods are
-    /// on the impls bound by them).
+    /// A runner of any collector (the [`Collector`], [`CommandCollector`] and
+    /// [`nvidia::GpuCollector`] methods are on the impls bound by them).
     pub fn wrap(common: Common, collector: C) -> Runner<C> {
         let hostname = common.hostname.clone();
         Runner {

@@ -6,7 +6,8 @@
 //! discovered instances ([`Plugin::on_instances`]); collectors emit points from
 //! [`Plugin::collect`] with [`emit`] (or build a batch in [`Lines`] without building
 //! [`Point`]s), reading host files with [`read_file`] and [`list_dir`] and running the
-//! commands the agent grants them with [`commands::run`].
+//! commands the agent grants them with [`commands::run`]; GPU collectors read NVIDIA GPUs
+//! through the agent's NVML with [`nvml::devices`] and [`nvml::read`].
 //!
 //! Points cross into the agent as one buffer of line protocol per batch, written by the
 //! host crate's own encoder ([`lineproto`], the same source files); the agent checks every
@@ -53,6 +54,7 @@ mod alloc_classes;
 pub mod commands;
 pub mod lineproto;
 mod lines;
+pub mod nvml;
 mod panic;
 
 pub use lines::Lines;

@@ -66,6 +66,17 @@ pub struct Capabilities {
     /// cap ([`super::commands`]). Needs no WASI.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub run: BTreeMap<String, RunGrant>,
+    /// NVIDIA GPUs through the NVML library, which the agent loads for the plugin
+    /// (`cc:fleet/nvml`, for the `nvidia` collector): read-only device readings, nothing
+    /// else of the library ([`super::nvml`]). On a node without the library the grant's
+    /// calls fail with `NVML is not available on this host`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nvml: bool,
+    /// The NVML library to load instead of `libnvidia-ml.so.1` from the loader's search path
+    /// (or the file `CCFLEET_NVML_LIBRARY` names), e.g. for a driver installed elsewhere.
+    /// Needs `nvml`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvml_library: Option<PathBuf>,
 }
 
 impl Capabilities {
@@ -101,6 +112,17 @@ impl Capabilities {
             ));
         }
         commands::validate(&self.run)?;
+        if let Some(library) = &self.nvml_library {
+            if !self.nvml {
+                return Err("capabilities.nvml-library needs capabilities.nvml = true".to_owned());
+            }
+            if !library.is_absolute() {
+                return Err(format!(
+                    "capabilities.nvml-library {} must be an absolute path",
+                    library.display()
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -217,6 +239,8 @@ mod tests {
             files_root: None,
             mount_info: false,
             run: BTreeMap::new(),
+            nvml: true,
+            nvml_library: Some("/opt/nvidia/libnvidia-ml.so.1".into()),
         };
         fine.validate().unwrap();
     }

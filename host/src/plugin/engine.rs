@@ -23,6 +23,7 @@ use super::events::{EventSender, PluginEvent};
 use super::files::FileGrants;
 use super::limits::MemoryLimiter;
 use super::logs::LogGate;
+use super::nvml::NvmlGrant;
 use super::sink::SinkHandle;
 use super::spec::PluginSpec;
 use super::state::{self, HostState};
@@ -312,6 +313,7 @@ impl Runtime {
             logs,
             files,
             commands: StoreCommands::new(commands),
+            nvml: NvmlGrant::new(caps.nvml, caps.nvml_library.as_deref()),
             deadline: Instant::now() + limits.call_timeout,
             table: wasmtime::component::ResourceTable::new(),
             wasi,

@@ -4,7 +4,8 @@
 //! order, from the bottom up (each layer uses only the ones before it):
 //!
 //! - [`spec`] and [`capabilities`]: how a plugin is declared, what it may reach; [`commands`]
-//!   runs the commands a plugin is granted;
+//!   runs the commands a plugin is granted; [`nvml`] reads NVIDIA GPUs for plugins granted
+//!   NVML;
 //! - `limits`, [`logs`], `emit`, [`files`], `state`: the data of one plugin's `Store` and
 //!   the `cc:fleet/host` and `cc:fleet/files` imports; [`sink`] is where emitted line
 //!   protocol goes;
@@ -52,6 +53,7 @@ pub mod instance;
 mod limits;
 pub mod logs;
 pub mod mounts;
+pub mod nvml;
 pub mod restart;
 pub mod sink;
 pub mod spec;

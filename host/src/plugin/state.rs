@@ -27,11 +27,14 @@ use super::events::{EventKind, EventSender, PluginEvent};
 use super::files::FileGrants;
 use super::limits::MemoryLimiter;
 use super::logs::{self, LogGate, MAX_LOG_MESSAGE};
+use super::nvml::NvmlGrant;
 use super::sink::Batch;
 use crate::plugin::types::Level;
 
 /// The version of the `cc:fleet` WIT package (`wit/fleet.wit`) the host implements.
-pub(crate) const WIT_VERSION: &str = "0.3.0";
+/// Components built against 0.3.0 resolve to it: wasmtime matches their `@0.3.0` imports
+/// and exports to these semver-compatible ones, whose functions are a superset.
+pub(crate) const WIT_VERSION: &str = "0.3.1";
 
 /// The last version of the 0.2 line (`wit/0.2/fleet.wit`), which the host serves too:
 /// wasmtime resolves the `@0.2.0` imports of older components to these semver-compatible
@@ -54,6 +57,7 @@ pub(crate) struct HostState {
     pub logs: LogGate,
     pub files: FileGrants,
     pub commands: StoreCommands,
+    pub nvml: NvmlGrant,
     /// When the current call must end; checked on every epoch tick.
     pub deadline: Instant,
     pub table: ResourceTable,
@@ -146,7 +150,7 @@ impl HostState {
 
 /// Links the interfaces of both worlds: `cc:fleet/types`, `cc:fleet/host` and
 /// `cc:fleet/files` of 0.2 and 0.3, and what 0.3 adds (`host.emit-lines`,
-/// `cc:fleet/commands`).
+/// `cc:fleet/commands`, and since 0.3.1 `cc:fleet/nvml`).
 pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     for version in [WIT_VERSION_02, WIT_VERSION] {
         add_shared(linker, version)?;
@@ -165,7 +169,43 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
             Box::new(run_command(store, name))
         },
     )?;
+    let mut nvml = linker.instance(&format!("cc:fleet/nvml@{WIT_VERSION}"))?;
+    nvml.func_wrap_async(
+        "devices",
+        |store: StoreContextMut<'_, HostState>, (mig,): (bool,)| {
+            Box::new(async move {
+                let result = with_nvml(store, move |nvml| nvml.devices(mig)).await;
+                Ok((result,))
+            })
+        },
+    )?;
+    nvml.func_wrap_async(
+        "read",
+        |store: StoreContextMut<'_, HostState>, (device, mig): (u32, Option<u32>)| {
+            Box::new(async move {
+                let result = with_nvml(store, move |nvml| nvml.read(device, mig)).await;
+                Ok((result,))
+            })
+        },
+    )?;
     Ok(())
+}
+
+/// Runs `f` on the plugin's NVML library (loading it at first use) on a blocking thread,
+/// so a slow driver holds no runtime worker. The time it took is not charged to the call's
+/// CPU deadline, which moves on by as much: NVML's first initialisation can take seconds
+/// on a node without the driver's persistence mode.
+async fn with_nvml<R: Send + 'static>(
+    mut store: StoreContextMut<'_, HostState>,
+    f: impl FnOnce(&super::nvml::Nvml) -> Result<R, String> + Send + 'static,
+) -> Result<R, String> {
+    let grant = store.data().nvml.clone();
+    let begun = Instant::now();
+    let result = tokio::task::spawn_blocking(move || grant.nvml().and_then(|nvml| f(&nvml)))
+        .await
+        .unwrap_or_else(|e| Err(format!("the NVML call failed: {e}")));
+    store.data_mut().deadline += begun.elapsed();
+    result
 }
 
 /// `commands.run`: the call's fiber is suspended while the command runs, so no runtime

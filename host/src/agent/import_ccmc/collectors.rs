@@ -10,7 +10,7 @@
 use ccfleet_collectors::config::{FromOptions, Options, common};
 use ccfleet_collectors::{
     beegfs, cpufreq, cpufreq_cpuinfo, cpustat, customcmd, diskstat, gpfs, ibstat, iostat, ipmistat,
-    loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, rapl, schedstat,
+    loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, nvidia, rapl, schedstat,
     slurm_cgroup, smartmon, tempstat, topprocs,
 };
 use serde_json::{Map, Value, json};
@@ -65,6 +65,7 @@ pub fn check(name: &str, config: &str) -> Option<Result<(), String>> {
         "topprocs" => parse::<topprocs::Topprocs>(config),
         "lustrestat" => parse::<lustrestat::Lustrestat>(config),
         "gpfs" => parse::<gpfs::Gpfs>(config),
+        "nvidia" => parse::<nvidia::Nvidia>(config),
         "smartmon" => parse::<smartmon::Smartmon>(config),
         "beegfs_meta" => parse::<beegfs::BeegfsMeta>(config),
         "beegfs_storage" => parse::<beegfs::BeegfsStorage>(config),
@@ -440,6 +441,7 @@ pub fn plan(name: &str, config: &Map<String, Value>, run: Map<String, Value>) ->
         ),
         "ipmistat" | "lustrestat" | "gpfs" | "topprocs" | "smartmon" => (Vec::new(), false),
         "beegfs_meta" | "beegfs_storage" => (Vec::new(), true),
+        "nvidia" => (Vec::new(), false),
         "self" => return Plan::SelfSection,
         other => return Plan::Unsupported(unsupported_reason(other)),
     };
@@ -457,6 +459,10 @@ pub fn plan(name: &str, config: &Map<String, Value>, run: Map<String, Value>) ->
     if !run.is_empty() {
         capabilities.insert("run".to_owned(), Value::Object(run));
     }
+    if name == "nvidia" {
+        // NVML through the agent; the driver's library on the node's loader path.
+        capabilities.insert("nvml".to_owned(), Value::Bool(true));
+    }
     Plan::Plugin {
         capabilities: Value::Object(capabilities),
     }
@@ -470,10 +476,6 @@ fn unsupported_reason(name: &str) -> &'static str {
              (or MSR and perf-event access with root rights), which no sandboxed plugin can use"
         }
         "rocm_smi" => "AMD's rocm_smi is a native library no sandboxed plugin can load",
-        "nvidia" => {
-            "NVML is a native library no sandboxed plugin can load; the agent has no device \
-             interface for it yet"
-        }
         _ => "cc-metric-collector has no collector of this name",
     }
 }

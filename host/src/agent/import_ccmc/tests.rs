@@ -204,13 +204,12 @@ fn a_setting_the_plugin_refuses_leaves_the_collector_out_naming_it() {
 #[test]
 fn unknown_and_unported_collectors_are_left_out_with_their_reason() {
     let import = run(json!({"collectors": {
-        "likwid": {}, "nvidia": {}, "rocm_smi": {}, "made_up": {},
+        "likwid": {}, "rocm_smi": {}, "made_up": {},
         "loadavg": "not an object"}}));
     assert!(reason(&import.left_out, "collectors.likwid").contains("LIKWID"));
-    assert!(reason(&import.left_out, "collectors.nvidia").contains("NVML"));
     assert!(reason(&import.left_out, "collectors.made_up").contains("no collector"));
     assert!(reason(&import.left_out, "collectors.loadavg").contains("JSON object"));
-    assert_eq!(import.left_out.len(), 5);
+    assert_eq!(import.left_out.len(), 4);
 }
 
 #[test]
@@ -566,4 +565,14 @@ fn smartmon_and_beegfs_get_smartctl_and_beegfs_ctl_as_grants() {
         json!({"smartctl-scan": {"path": "/usr/sbin/smartctl", "args": ["--scan", "--json=c"]}})
     );
     assert!(reason(&import.notes, "collectors.smartmon.devices").contains("smartctl-nvme0"));
+}
+
+#[test]
+fn nvidia_gets_the_nvml_grant() {
+    let import = run(json!({"collectors": {"nvidia": {"process_mig_devices": true}}}));
+    assert!(import.left_out.is_empty(), "{:?}", import.left_out);
+    assert_eq!(
+        plugin(&import, "nvidia")["capabilities"],
+        json!({"nvml": true, "read-files": ["/proc/sys/kernel/hostname"]})
+    );
 }
