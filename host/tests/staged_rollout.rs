@@ -206,3 +206,154 @@ async fn a_healthy_version_completes_and_a_trapping_one_is_taken_back_from_the_c
     }
     server.shutdown().await.unwrap();
 }
+
+/// Runs `ccfleet rollout ARGS` with `token` in the environment.
+fn cli(token: &str, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ccfleet"))
+        .arg("rollout")
+        .args(args)
+        .env("CC_FLEET_TOKEN", token)
+        .env_remove("CC_FLEET_TOKEN_FILE")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_read_and_steer_a_rollout_from_the_command_line() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let keys = Keypair::generate();
+    let plugins = root.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let hello = guests::component("hello");
+    std::fs::copy(&hello, plugins.join("hello.wasm")).unwrap();
+    let sha = sha256_hex(&std::fs::read(&hello).unwrap());
+    let tree = root.join("tree");
+    write(
+        &tree,
+        "rollouts/collector-v2.json",
+        &rollout_file("collector-v2", &sha),
+    );
+    let config = json!({
+        "addr": "127.0.0.1:0",
+        "jwt-public-key": keys.public_key_base64(),
+        "fleet": {"config-dir": tree, "plugin-dir": plugins}
+    });
+    let server = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
+        .await
+        .expect("fleet server");
+    let url = server.base_url();
+    let admin = keys.sign_token("operator", &["admin"], None);
+    let support = keys.sign_token("helpdesk", &["support"], None);
+    let node = keys.sign_token("node", &["api"], None);
+    wait_until("the rollout starts", async || {
+        rollout_status(&server, &admin, "collector-v2").await["status"] == "running"
+    })
+    .await;
+
+    let (ok, table, _) = cli(&support, &["status", "--url", &url]);
+    assert!(ok);
+    assert!(
+        table.contains("collector-v2  ccmc in fritz  running  stage 1 of 2"),
+        "{table}"
+    );
+    let (ok, json_out, _) = cli(&support, &["status", "--url", &url, "--json"]);
+    assert!(ok);
+    let parsed: Value = serde_json::from_str(&json_out).unwrap();
+    assert_eq!(parsed["rollouts"][0]["plugins"][0][1], sha.as_str());
+
+    let (ok, _, err) = cli(&node, &["status", "--url", &url]);
+    assert!(
+        !ok && err.contains("403") && err.contains("admin or support"),
+        "{err}"
+    );
+    let (ok, _, err) = cli(&support, &["pause", "collector-v2", "--url", &url]);
+    assert!(
+        !ok && err.contains("403") && err.contains("the admin role"),
+        "{err}"
+    );
+    let (ok, _, err) = cli("", &["pause", "collector-v2", "--url", &url]);
+    assert!(
+        !ok && err.contains("401") && err.contains("CC_FLEET_TOKEN"),
+        "{err}"
+    );
+
+    let (ok, out, err) = cli(&admin, &["pause", "collector-v2", "--url", &url]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("paused") && out.contains("pause by operator"),
+        "{out}"
+    );
+    let (ok, _, err) = cli(&admin, &["pause", "collector-v2", "--url", &url]);
+    assert!(
+        !ok && err.contains("409") && err.contains("cannot pause"),
+        "{err}"
+    );
+    let (ok, out, _) = cli(&admin, &["resume", "collector-v2", "--url", &url]);
+    assert!(ok && out.contains("running"), "{out}");
+    let (ok, out, _) = cli(&admin, &["abort", "collector-v2", "--url", &url]);
+    assert!(ok && out.contains("aborted"), "{out}");
+    let (ok, _, err) = cli(&admin, &["abort", "no-such", "--url", &url]);
+    assert!(!ok && err.contains("404"), "{err}");
+    server.shutdown().await.unwrap();
+}
+
+#[test]
+fn check_config_refuses_bad_stage_definitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let plugins = root.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let hello = guests::component("hello");
+    std::fs::copy(&hello, plugins.join("hello.wasm")).unwrap();
+    let sha = sha256_hex(&std::fs::read(&hello).unwrap());
+    let tree = root.join("tree");
+    write(&tree, "rollouts/good.json", &rollout_file("good", &sha));
+    let mut too_much = rollout_file("too-much", &sha);
+    too_much["cluster"] = json!("woody");
+    too_much["stages"][1]["percent"] = json!(150);
+    write(&tree, "rollouts/too-much.json", &too_much);
+    let mut missing = rollout_file("missing", &"e".repeat(64));
+    missing["cluster"] = json!("meggie");
+    write(&tree, "rollouts/missing.json", &missing);
+    let mut overlap = rollout_file("overlap", &sha);
+    overlap["stages"] = json!([{"hosts": ["node09"]}]);
+    write(&tree, "rollouts/overlap.json", &overlap);
+    let config = root.join("server.json");
+    std::fs::write(
+        &config,
+        json!({"disable-authentication": true, "fleet": {"config-dir": tree, "plugin-dir": plugins}})
+            .to_string(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ccfleet"))
+        .args(["server", "--check-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains("rollouts/too-much.json: stages[1]: `percent` is 150"),
+        "{report}"
+    );
+    assert!(
+        report.contains("rollouts/missing.json: plugin \"collector\" names sha256 eeee"),
+        "{report}"
+    );
+    assert!(
+        report.contains("rollouts/overlap.json: it covers members rollout \"good\" covers too"),
+        "{report}"
+    );
+    assert!(
+        report.contains("note: rollout good: 2 stage(s) for type ccmc in cluster fritz"),
+        "{report}"
+    );
+    assert!(report.contains("3 error(s)"), "{report}");
+}

@@ -155,7 +155,10 @@ pub fn check_server(config: &ServerConfig) -> Report {
         && dir.exists()
     {
         match ccfleet::server::configtree::ConfigTree::load(dir) {
-            Ok(tree) => check_named_plugins(&tree, config.fleet.plugin_dir.as_deref(), &mut report),
+            Ok(tree) => {
+                check_named_plugins(&tree, config.fleet.plugin_dir.as_deref(), &mut report);
+                check_rollouts(&tree, config.fleet.plugin_dir.as_deref(), &mut report);
+            }
             Err(e) => report.errors.push(e.to_string()),
         }
     }
@@ -176,6 +179,33 @@ pub fn check_server(config: &ServerConfig) -> Report {
         );
     }
     report
+}
+
+/// Every staged rollout of the tree (`rollouts/*.json`) as the server will take it: its
+/// definition, the plugins its change names by SHA-256 in `fleet.plugin-dir`, and no two
+/// rollouts covering the same members. The same check the server's rescan makes.
+fn check_rollouts(
+    tree: &ccfleet::server::configtree::ConfigTree,
+    plugin_dir: Option<&Path>,
+    report: &mut Report,
+) {
+    let index = plugin_dir.and_then(|dir| ccfleet::server::plugins::PluginDir::open(dir).ok());
+    let known = |sha: &str| index.as_ref().is_some_and(|i| i.find(sha).is_some());
+    let rollouts = ccfleet::server::rollout::Rollouts::new();
+    report.errors.extend(rollouts.refresh(tree, &known));
+    for definition in rollouts.definitions() {
+        report.notes.push(format!(
+            "rollout {}: {} stage(s) for type {}{}",
+            definition.name,
+            definition.stages.len(),
+            definition.service_type.code(),
+            definition
+                .cluster
+                .as_deref()
+                .map(|c| format!(" in cluster {c}"))
+                .unwrap_or_default()
+        ));
+    }
 }
 
 /// Every plugin the tree names by SHA-256 must be in `fleet.plugin-dir`: agents would

@@ -17,6 +17,7 @@ pub mod keygen;
 pub mod logging;
 pub mod manpage;
 pub mod plugin;
+pub mod rollout;
 pub mod server;
 pub mod token;
 
@@ -56,6 +57,8 @@ pub enum Command {
     Fleet(fleet::Args),
     /// Tools for plugin components (componentize, check).
     Plugin(plugin::Args),
+    /// Staged rollouts on a fleet server: status, pause, resume, abort.
+    Rollout(rollout::Args),
     /// Run a cc-backend-compatible fleet server.
     Server(server::Args),
     /// Print a new Ed25519 key pair as JWT_PUBLIC_KEY= and JWT_PRIVATE_KEY= lines.
@@ -103,6 +106,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Discover(args) => discover::run(args).await.map(ok),
         Command::Fleet(args) => fleet::run(args).await.map(ok),
         Command::Plugin(args) => plugin::run(args).await,
+        Command::Rollout(args) => rollout::run(args).await.map(ok),
         Command::Server(args) => server::run(args).await,
         Command::Keygen(args) => keygen::run(args),
         Command::Token(args) => token::run(args),
