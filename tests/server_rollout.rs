@@ -224,6 +224,23 @@ async fn a_healthy_version_reaches_every_agent_stage_by_stage() {
     assert!(metrics.contains(&format!(
         "ccfleet_rollout_stage{{rollout=\"{ROLLOUT}\",status=\"completed\"}} 2"
     )));
+    // The status page shows the stage and what the agents report.
+    let page: Value = http()
+        .get(format!("{}/fleet/status.json", server.base_url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let staged = &page["staged"][0];
+    assert_eq!(
+        (staged["name"].as_str(), staged["status"].as_str()),
+        (Some(ROLLOUT), Some("completed")),
+        "{page}"
+    );
+    assert_eq!(staged["counts"]["members"], AGENTS, "{staged}");
+    assert_eq!(staged["counts"]["running"], AGENTS, "{staged}");
     tasks.iter().for_each(|t| t.abort());
     server.shutdown().await.unwrap();
 }

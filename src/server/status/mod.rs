@@ -109,6 +109,10 @@ pub(crate) struct PageAnswer {
     rollouts: Vec<RolloutView>,
     /// Live instances served a configuration whose plugins this server does not know.
     served_unknown: u64,
+    /// Staged rollouts with their stage and counts.
+    staged: Vec<super::rollout::api::RolloutView>,
+    /// Staged rollout definitions refused, with why.
+    staged_refused: Vec<String>,
 }
 
 /// A JSON answer that no cache keeps.
@@ -168,6 +172,10 @@ pub(crate) async fn page_answer(state: &Arc<AppState>, user: Option<String>) -> 
     })
     .await
     .unwrap_or_default();
+    let view = state.clone();
+    let staged = tokio::task::spawn_blocking(move || super::rollout::api::views(&view))
+        .await
+        .unwrap_or_default();
     PageAnswer {
         now: super::registry::unix_seconds(),
         stale_after_seconds: status.stale_after.as_secs(),
@@ -176,5 +184,7 @@ pub(crate) async fn page_answer(state: &Arc<AppState>, user: Option<String>) -> 
         rosters,
         rollouts,
         served_unknown,
+        staged,
+        staged_refused: state.rollouts.problems(),
     }
 }

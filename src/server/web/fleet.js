@@ -133,6 +133,28 @@ function drawRollouts(data) {
   box.appendChild(table(["plugin", "sha256", "served", "named by the tree"], rows));
 }
 
+function drawStaged(data) {
+  const box = document.getElementById("staged");
+  box.replaceChildren();
+  for (const refused of data.stagedRefused) {
+    box.appendChild(el("p", "Refused: " + refused, "error"));
+  }
+  if (data.staged.length === 0) {
+    box.appendChild(el("p", "No staged rollout.", "hint"));
+    return;
+  }
+  const rows = data.staged.map((r) => {
+    const c = r.counts;
+    const tr = row([r.name, r.type + (r.cluster ? " in " + r.cluster : ""), r.status,
+      (r.stage + 1) + " of " + r.stages, c.members, c.reporting, c.running, c.failed, c.unknown,
+      r.reason], "staged");
+    tr.dataset.status = r.status;
+    return tr;
+  });
+  box.appendChild(table(["rollout", "covers", "status", "stage", "members", "reporting",
+    "running", "failed", "without report", "last decision"], rows));
+}
+
 function drawSummary(data) {
   const counts = groupBy(data.instances, (i) => i.state);
   const n = (s) => (counts.get(s) || []).length;
@@ -172,6 +194,7 @@ async function refresh() {
     drawInstances(data);
     drawRosters(data);
     drawRollouts(data);
+    drawStaged(data);
     showError("");
   } catch (e) {
     showError("The server cannot be reached; retrying.");
