@@ -295,3 +295,36 @@ async fn the_agents_secret_files_are_refused_under_the_broadest_grant() {
     }
     assert_eq!(outcome[&other], "read 4 bytes");
 }
+
+#[test]
+fn plugin_run_grants_commands_and_other_capabilities_as_json() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/commands");
+    let grants = serde_json::json!({"run": {"ps-top": {
+        "path": fixtures.join("replay.sh"),
+        "args": [fixtures.join("ps-pcpu.txt")]
+    }}});
+    let output = run(ccfleet()
+        .args(["plugin", "run"])
+        .arg(guests::component("topprocs"))
+        .args(["--capabilities", &grants.to_string()])
+        .args(["--config", r#"{"hostname":"node1","num_procs":2}"#]));
+    assert!(output.status.success());
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout.contains("topproc1,hostname=node1,type=node value=\"stress-ng-cpu\" "),
+        "{stdout}"
+    );
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    // A grant the agent would refuse is refused here too, before anything runs.
+    let output = run(ccfleet()
+        .args(["plugin", "run"])
+        .arg(guests::component("topprocs"))
+        .args(["--capabilities", r#"{"run": {"ps-top": {"path": "ps"}}}"#]));
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("must be an absolute path"));
+    let output = run(ccfleet()
+        .args(["plugin", "run"])
+        .arg(guests::component("topprocs"))
+        .args(["--capabilities", r#"{"root": true}"#]));
+    assert!(text(&output.stderr).contains("unknown field `root`"));
+}

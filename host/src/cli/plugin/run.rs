@@ -35,6 +35,12 @@ pub struct Args {
     /// Grant WASI (needed by plugins that link std).
     #[arg(long)]
     wasi: bool,
+    /// Capabilities as an agent configuration grants them (JSON: `run`, `nvml`,
+    /// `read-files`, ...); `--read`, `--files-root`, `--mount-info` and `--wasi` add to them.
+    /// Command collectors need their `run` grants, e.g.
+    /// `{"run": {"ps-top": {"path": "/usr/bin/ps", "args": ["-Ao", "comm", "--sort=-pcpu"]}}}`.
+    #[arg(long, value_name = "JSON")]
+    capabilities: Option<String>,
     /// A service configuration (JSON) handed to `on-config` before collecting.
     #[arg(long, value_name = "JSON")]
     service_config: Option<String>,
@@ -87,10 +93,23 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     })?;
     let mut spec = PluginSpec::new(&args.file);
     spec.config = config;
-    spec.capabilities.read_files = args.read;
-    spec.capabilities.files_root = args.files_root;
-    spec.capabilities.wasi = args.wasi;
-    spec.capabilities.mount_info = args.mount_info;
+    if let Some(text) = &args.capabilities {
+        spec.capabilities =
+            serde_json::from_str(text).map_err(|e| anyhow::anyhow!("--capabilities: {e}"))?;
+    }
+    spec.capabilities.read_files.extend(args.read);
+    if args.files_root.is_some() {
+        spec.capabilities.files_root = args.files_root;
+    }
+    spec.capabilities.wasi |= args.wasi;
+    spec.capabilities.mount_info |= args.mount_info;
+    spec.validate()
+        .map_err(|e| anyhow::anyhow!("--capabilities: {e}"))?;
+    for grant in ccfleet_host::plugin::commands::check(&spec.capabilities.run) {
+        if let Some(error) = grant.error {
+            anyhow::bail!("--capabilities: run.{}: {error}", grant.name);
+        }
+    }
     let loaded = match runtime.load(&spec).await {
         Ok(loaded) => loaded,
         Err(error @ ccfleet_host::HostError::WasiNotGranted { .. }) => {
