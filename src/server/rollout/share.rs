@@ -453,4 +453,74 @@ mod tests {
         let text = String::from_utf8(messages[0].to_vec()).unwrap();
         assert!(text.contains("small") && !text.contains("big"), "{text}");
     }
+
+    fn member(host: &str) -> crate::server::registry::Service {
+        crate::server::registry::Service {
+            scope: crate::wire::Scope::Cluster,
+            cluster: "fritz".into(),
+            hostname: host.into(),
+            service_type: ServiceType::MetricCollector,
+            state: crate::server::registry::State::Active,
+            registered_at: 1,
+            last_heartbeat: None,
+            config_revision: 0,
+            meta: Arc::default(),
+        }
+    }
+
+    fn report(applied: i64) -> AgentReport {
+        AgentReport {
+            applied,
+            plugins: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn only_changed_reports_are_queued_and_an_older_change_from_another_server_is_ignored() {
+        let rollouts = Rollouts::new();
+        rollouts.record_report(&member("a"), report(1));
+        assert!(
+            rollouts.take_outbox().is_empty(),
+            "no sharing: nothing queued"
+        );
+
+        rollouts.start_sharing();
+        rollouts.record_report(&member("a"), report(1));
+        let queued = rollouts.take_outbox();
+        assert_eq!(queued.len(), 1, "never shared yet: queued once");
+        assert_eq!(queued[0].member, "fritz|ccmc|a");
+        assert_eq!(queued[0].report, "applied=1; plugins=");
+        rollouts.record_report(&member("a"), report(1));
+        assert!(rollouts.take_outbox().is_empty(), "unchanged: nothing");
+        rollouts.record_report(&member("a"), report(2));
+        let queued = rollouts.take_outbox();
+        assert_eq!(queued.len(), 1, "changed: queued");
+        let at = queued[0].at;
+
+        // Another server's older change is ignored, a later one taken over.
+        rollouts.record_shared(vec![("fritz|ccmc|a".into(), at - 1, report(9))]);
+        assert_eq!(rollouts.report(&member("a")).unwrap().applied, 2);
+        rollouts.record_shared(vec![("fritz|ccmc|a".into(), at + 1, report(3))]);
+        assert_eq!(rollouts.report(&member("a")).unwrap().applied, 3);
+        rollouts.record_shared(vec![("fritz|ccmc|b".into(), 5, report(4))]);
+        assert_eq!(rollouts.report(&member("b")).unwrap().applied, 4);
+        assert!(
+            rollouts.take_outbox().is_empty(),
+            "others' reports are not passed on"
+        );
+
+        // A starting server asks: only what agents sent here goes out again.
+        assert_eq!(
+            rollouts.queue_received_here(),
+            0,
+            "a moved on to another server"
+        );
+        rollouts.record_report(&member("a"), report(3));
+        assert!(
+            rollouts.take_outbox().is_empty(),
+            "just shared by another server"
+        );
+        assert_eq!(rollouts.queue_received_here(), 1);
+        assert_eq!(rollouts.take_outbox()[0].member, "fritz|ccmc|a");
+    }
 }
