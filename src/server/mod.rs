@@ -386,10 +386,14 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         None => None,
     };
     let mut db_lock = None;
+    // With a shared registry: the registry's connection and bucket, which the servers also
+    // share agents' reports over (see `rollout::share`).
+    let mut report_sharing = None;
     let (registry, gate, last_seen_interval) = match (&config.registry, &nats) {
         (RegistryConfig::JetStreamKv(settings), Some(_)) => {
             let nats_config = config.nats.as_ref().expect("a nats section with a client");
             let client = connect_registry_nats(nats_config).await?;
+            report_sharing = Some((client.clone(), settings.bucket.clone()));
             let store = registry::jetstream::JetStreamStore::open(client, settings.clone()).await?;
             let replication = store.replication();
             let lease_bucket = store.bucket().clone();
@@ -553,6 +557,15 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     }
 
     let rollouts = Arc::new(rollout::Rollouts::new());
+    if let Some((client, bucket)) = report_sharing {
+        tasks.extend(
+            rollout::share::spawn(rollouts.clone(), client, &bucket, shutdown_rx.clone())
+                .await
+                .map_err(|e| {
+                    ServerError::Task(format!("subscribing to shared agents' reports: {e}"))
+                })?,
+        );
+    }
     if let Some(tree) = &tree {
         let dir = plugins.clone();
         let known: Arc<dyn Fn(&str) -> bool + Send + Sync> =

@@ -7,7 +7,9 @@
 //!   other member is served the tree as it is.
 //! - Agents report what they run with each configuration poll ([`crate::wire::AgentReport`]);
 //!   the server keeps the latest report per member, in memory (soft state: after a restart
-//!   it is back within one poll interval, and a stage's `min-time` covers that).
+//!   it is back within one poll interval, and a stage's `min-time` covers that). Servers
+//!   sharing a JetStream registry pass the reports that changed on to each other over NATS
+//!   ([`share`]), so the lease holder judges every member, whichever server it polls.
 //! - One task per server ([`spawn`]) looks at every rollout each second. On the server
 //!   that leads (the only one with a registry of its own, or the lease holder of a shared
 //!   one) it checks the current stage's gates ([`gates`]) and advances, pauses or rolls
@@ -22,12 +24,15 @@
 pub(crate) mod api;
 pub mod definition;
 pub mod gates;
+pub mod share;
 pub mod state;
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 use tokio::sync::watch;
@@ -56,6 +61,14 @@ fn member_key(cluster: &str, service: &Service) -> String {
     )
 }
 
+/// Unix milliseconds now.
+fn unix_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
 /// Counters for `/metrics`.
 #[derive(Debug, Default)]
 pub struct RolloutCounters {
@@ -71,6 +84,24 @@ pub struct RolloutCounters {
     pub aborts: AtomicU64,
     /// Reports refused as malformed.
     pub bad_reports: AtomicU64,
+    /// Reports published for the other servers of a shared registry.
+    pub reports_shared: AtomicU64,
+    /// Reports taken over from the other servers.
+    pub reports_received: AtomicU64,
+    /// Shared reports (or whole messages) from other servers refused as malformed.
+    pub bad_shared_reports: AtomicU64,
+}
+
+/// A member's latest report, as kept.
+struct Kept {
+    report: Arc<AgentReport>,
+    /// Unix milliseconds a server received this report (a change of it).
+    at: i64,
+    /// When this server last published it or took it over from another server (`None`:
+    /// never shared).
+    shared: Option<Instant>,
+    /// Whether an agent sent it to this server (rather than another server passing it on).
+    here: bool,
 }
 
 /// The rollouts a server knows, their progress and the agents' reports.
@@ -78,7 +109,11 @@ pub struct RolloutCounters {
 pub struct Rollouts {
     definitions: RwLock<Vec<Arc<Definition>>>,
     states: RwLock<HashMap<String, RolloutState>>,
-    reports: Mutex<HashMap<String, Arc<AgentReport>>>,
+    reports: Mutex<HashMap<String, Kept>>,
+    /// Whether reports are shared with other servers ([`share`]).
+    sharing: AtomicBool,
+    /// Reports to publish: member key to (received at, report text); the latest per member.
+    outbox: Mutex<HashMap<String, (i64, String)>>,
     /// Definitions the last refresh refused, with why (the previous version stays).
     problems: Mutex<Vec<String>>,
     /// The counters.
@@ -172,14 +207,114 @@ impl Rollouts {
         problems
     }
 
-    /// Records a member's report (from its configuration poll).
+    /// Records a member's report (from its configuration poll); with a shared registry a
+    /// changed report (or one nobody shared for [`share::REFRESH`]) is queued for the other
+    /// servers.
     pub fn record_report(&self, service: &Service, report: AgentReport) {
         let key = member_key(&service.cluster, service);
+        let sharing = self.sharing.load(Ordering::Relaxed);
+        let now = Instant::now();
         let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
-        if reports.len() >= MAX_REPORTS && !reports.contains_key(&key) {
-            return;
+        let full = reports.len() >= MAX_REPORTS;
+        let fresh = |report| Kept {
+            report: Arc::new(report),
+            at: unix_millis(),
+            shared: None,
+            here: true,
+        };
+        let kept = match reports.entry(key.clone()) {
+            Entry::Occupied(entry) => {
+                let kept = entry.into_mut();
+                if *kept.report == report {
+                    kept.here = true;
+                    // Unchanged, what nearly every poll sends: shared already (or no one
+                    // to share with).
+                    if !sharing || kept.shared.is_some_and(|t| now - t < share::REFRESH) {
+                        return;
+                    }
+                } else {
+                    *kept = fresh(report);
+                }
+                kept
+            }
+            Entry::Vacant(_) if full => return,
+            Entry::Vacant(entry) => entry.insert(fresh(report)),
+        };
+        if sharing {
+            kept.shared = Some(now);
+            let text = kept.report.to_string();
+            let at = kept.at;
+            drop(reports);
+            self.outbox
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, (at, text));
         }
-        reports.insert(key, Arc::new(report));
+    }
+
+    /// Takes over reports other servers received; an older change than the one kept is
+    /// ignored.
+    pub(crate) fn record_shared(&self, shared: Vec<(String, i64, AgentReport)>) {
+        let now = Instant::now();
+        let mut taken = 0u64;
+        let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, at, report) in shared {
+            let full = reports.len() >= MAX_REPORTS;
+            match reports.get_mut(&key) {
+                Some(kept) if kept.at > at => {}
+                Some(kept) => {
+                    if *kept.report != report {
+                        kept.report = Arc::new(report);
+                        kept.here = false;
+                    }
+                    kept.at = at;
+                    kept.shared = Some(now);
+                    taken += 1;
+                }
+                None if full => {}
+                None => {
+                    reports.insert(
+                        key,
+                        Kept {
+                            report: Arc::new(report),
+                            at,
+                            shared: Some(now),
+                            here: false,
+                        },
+                    );
+                    taken += 1;
+                }
+            }
+        }
+        drop(reports);
+        self.counters
+            .reports_received
+            .fetch_add(taken, Ordering::Relaxed);
+    }
+
+    /// Queues every report agents sent to this server (a server that started asks for
+    /// them); returns how many.
+    pub(crate) fn queue_received_here(&self) -> usize {
+        let now = Instant::now();
+        let mut queued = Vec::new();
+        {
+            let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+            for (key, kept) in reports.iter_mut().filter(|(_, k)| k.here) {
+                kept.shared = Some(now);
+                queued.push((key.clone(), (kept.at, kept.report.to_string())));
+            }
+        }
+        let n = queued.len();
+        self.outbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(queued);
+        n
+    }
+
+    /// From now on, reports are queued for the other servers.
+    pub(crate) fn start_sharing(&self) {
+        self.sharing.store(true, Ordering::Relaxed);
     }
 
     /// The latest report of a member.
@@ -188,7 +323,7 @@ impl Rollouts {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&member_key(&service.cluster, service))
-            .cloned()
+            .map(|k| k.report.clone())
     }
 
     /// The rollout whose change a member is served now, if any: `(cache key, change)`.
@@ -501,6 +636,21 @@ impl Rollouts {
                 "ccfleet_agent_reports_refused_total",
                 "Agent reports refused as malformed.",
                 &c.bad_reports,
+            ),
+            (
+                "ccfleet_rollout_reports_shared_total",
+                "Agent reports published for the other servers of a shared registry.",
+                &c.reports_shared,
+            ),
+            (
+                "ccfleet_rollout_reports_received_total",
+                "Agent reports taken over from the other servers of a shared registry.",
+                &c.reports_received,
+            ),
+            (
+                "ccfleet_rollout_shared_reports_refused_total",
+                "Shared agent reports (or messages) from other servers refused as malformed.",
+                &c.bad_shared_reports,
             ),
         ] {
             let _ = writeln!(
