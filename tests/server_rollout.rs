@@ -5,49 +5,23 @@
 //! served, `running`, or `quarantined` where the version traps (on the hosts a test picks).
 //! The tests watch what every agent was served and what the server decides.
 
+#[path = "support/rollout_agents.rs"]
+mod rollout_agents;
 mod server_common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ccfleet::client::{Client, Config, Options};
 use ccfleet::server::rollout::definition::bucket;
-use ccfleet::wire::{AgentReport, PluginHealth, ReportedPlugin, ServiceType};
+use rollout_agents::{Agent, CLUSTER, Shared, host, plugin_versions, plugins_layer};
 use serde_json::{Value, json};
 use server_common::*;
-use sha2::{Digest, Sha256};
 
 const AGENTS: usize = 100;
-const CLUSTER: &str = "fritz";
 const ROLLOUT: &str = "loadavg-v2";
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn host(i: usize) -> String {
-    format!("f{i:04}")
-}
-
-/// Two versions of a plugin in `plugin-dir`: (old sha256, new sha256).
-fn plugin_versions(dir: &Path) -> (String, String) {
-    let mut hashes = Vec::new();
-    for (file, body) in [
-        ("loadavg-1.wasm", b"version one".as_slice()),
-        ("loadavg-2.wasm", b"version two"),
-    ] {
-        std::fs::write(dir.join(file), body).unwrap();
-        hashes.push(hex(&Sha256::digest(body)));
-    }
-    (hashes[0].clone(), hashes[1].clone())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn plugins_layer(sha: &str) -> Value {
-    json!({"plugins": [{"name": "loadavg", "sha256": sha, "collect-interval": "10s"}]})
-}
 
 /// The tree: every ccmc of the cluster runs `old`; the rollout changes it to `new`.
 fn author(tree: &Path, old: &str, new: &str, stages: Value) {
@@ -67,78 +41,25 @@ fn author(tree: &Path, old: &str, new: &str, stages: Value) {
     );
 }
 
-/// What the agents were served, by host: every sha256 each saw, and the latest.
-#[derive(Default)]
-struct Seen {
-    all: BTreeMap<String, BTreeSet<String>>,
-    latest: BTreeMap<String, String>,
-}
-
-type Shared = Arc<Mutex<Seen>>;
-
-/// One agent: registers, then polls every 100 ms reporting what the last poll served.
-async fn agent(url: String, i: usize, traps: bool, seen: Shared) {
-    let mut config = Config::new(url);
-    config.cluster = CLUSTER.to_owned();
-    config.hostname = host(i);
-    config.heartbeat_interval = Duration::from_secs(3600);
-    config.config_poll_interval = Duration::from_secs(3600);
-    let client = Client::new(Options::new(config, ServiceType::MetricCollector)).unwrap();
-    // Registered and heartbeating once: a live (active) member.
-    while client.register().await.is_err() || client.heartbeat().await.is_err() {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    loop {
-        if let Ok((update, _)) = client.pull_config().await
-            && let Some(body) = update.config
-        {
-            let served: Value = serde_json::from_str(&body).unwrap();
-            let sha = served["plugins"][0]["sha256"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            {
-                let mut seen = seen.lock().unwrap();
-                seen.all.entry(host(i)).or_default().insert(sha.clone());
-                seen.latest.insert(host(i), sha.clone());
-            }
-            // The plugin world traps this version on this host: the agent quarantines it.
-            let health = if traps {
-                PluginHealth::Quarantined
-            } else {
-                PluginHealth::Running
-            };
-            client.set_report(&AgentReport {
-                applied: update.revision.parse().unwrap_or(0),
-                plugins: vec![ReportedPlugin {
-                    name: "loadavg".to_owned(),
-                    sha256: Some(sha),
-                    health,
-                }],
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Starts the agents; `traps(i, sha)` says whether version `sha` traps on agent `i`.
+/// Starts the agents, polling every 100 ms; the new version traps on `trapping`.
 fn agents(
     url: &str,
     new: &str,
     trapping: &BTreeSet<usize>,
 ) -> (Shared, Vec<tokio::task::JoinHandle<()>>) {
     let seen: Shared = Arc::default();
-    let mut tasks = Vec::new();
-    for i in 0..AGENTS {
-        let traps = trapping.contains(&i);
-        let (url, seen) = (url.to_owned(), seen.clone());
-        let new = new.to_owned();
-        tasks.push(tokio::spawn(async move {
-            // Only the new version traps.
-            let _ = new;
-            agent(url, i, traps, seen).await;
-        }));
-    }
+    let tasks = (0..AGENTS)
+        .map(|i| {
+            let agent = Agent {
+                urls: vec![url.to_owned()],
+                i,
+                new: new.to_owned(),
+                traps: trapping.contains(&i),
+                poll: Duration::from_millis(100),
+            };
+            tokio::spawn(agent.run(seen.clone()))
+        })
+        .collect();
     (seen, tasks)
 }
 

@@ -10,24 +10,23 @@
 
 #[path = "support/nats.rs"]
 mod nats;
+#[path = "support/rollout_agents.rs"]
+mod rollout_agents;
 mod server_common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ccfleet::client::{Client, Config, Options};
 use ccfleet::server::RunningServer;
 use ccfleet::server::rollout::definition::bucket;
-use ccfleet::wire::{AgentReport, PluginHealth, ReportedPlugin, ServiceType};
 use nats::NatsServer;
+use rollout_agents::{Agent, CLUSTER, Shared, host, plugin_versions, plugins_layer};
 use serde_json::{Value, json};
 use server_common::*;
-use sha2::{Digest, Sha256};
 
 const AGENTS: usize = 100;
-const CLUSTER: &str = "fritz";
 const ROLLOUT: &str = "loadavg-v2";
 const BUCKET: &str = "fleet";
 const PATIENCE: Duration = Duration::from_secs(90);
@@ -83,31 +82,6 @@ impl Drop for Node {
     }
 }
 
-fn host(i: usize) -> String {
-    format!("f{i:04}")
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Two versions of a plugin in `plugin-dir`: (old sha256, new sha256).
-fn plugin_versions(dir: &Path) -> (String, String) {
-    let mut hashes = Vec::new();
-    for (file, body) in [
-        ("loadavg-1.wasm", b"version one".as_slice()),
-        ("loadavg-2.wasm", b"version two"),
-    ] {
-        std::fs::write(dir.join(file), body).unwrap();
-        hashes.push(hex(&Sha256::digest(body)));
-    }
-    (hashes[0].clone(), hashes[1].clone())
-}
-
-fn plugins_layer(sha: &str) -> Value {
-    json!({"plugins": [{"name": "loadavg", "sha256": sha, "collect-interval": "10s"}]})
-}
-
 /// The tree: every ccmc of the cluster runs `old`; the rollout changes it to `new`.
 fn author(tree: &Path, old: &str, new: &str, stages: Value, gates: Value) {
     write(
@@ -159,68 +133,6 @@ fn leader(nodes: &[Node]) -> Option<usize> {
         .position(|n| n.alive() && n.server().is_roster_leader())
 }
 
-/// What the agents were served, by host.
-#[derive(Default)]
-struct Seen {
-    latest: BTreeMap<String, String>,
-    /// Hosts served the old version after the new one, once armed.
-    taken_back: BTreeSet<String>,
-    armed: bool,
-}
-
-type Shared = Arc<Mutex<Seen>>;
-
-/// One agent: registers through `urls[0]` (failing over to the others), then polls every
-/// 200 ms reporting what the last poll served.
-async fn agent(urls: Vec<String>, i: usize, new: String, traps: bool, seen: Shared) {
-    let mut config = Config::new(urls[0].clone());
-    config.failover_urls = urls[1..].to_vec();
-    config.cluster = CLUSTER.to_owned();
-    config.hostname = host(i);
-    config.heartbeat_interval = Duration::from_secs(3600);
-    config.config_poll_interval = Duration::from_secs(3600);
-    config.timeout = Duration::from_secs(2);
-    let client = Client::new(Options::new(config, ServiceType::MetricCollector)).unwrap();
-    while client.register().await.is_err() || client.heartbeat().await.is_err() {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    loop {
-        if let Ok((update, _)) = client.pull_config().await
-            && let Some(body) = update.config
-        {
-            let served: Value = serde_json::from_str(&body).unwrap();
-            let sha = served["plugins"][0]["sha256"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            {
-                let mut seen = seen.lock().unwrap();
-                if let Some(before) = seen.latest.insert(host(i), sha.clone())
-                    && before == new
-                    && sha != new
-                    && seen.armed
-                {
-                    seen.taken_back.insert(host(i));
-                }
-            }
-            let health = if traps && sha == new {
-                PluginHealth::Quarantined
-            } else {
-                PluginHealth::Running
-            };
-            client.set_report(&AgentReport {
-                applied: update.revision.parse().unwrap_or(0),
-                plugins: vec![ReportedPlugin {
-                    name: "loadavg".to_owned(),
-                    sha256: Some(sha),
-                    health,
-                }],
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Starts the agents: agent `i` polls server `home(i)` first; `traps(i)` quarantines the
 /// new version.
 fn agents(
@@ -240,7 +152,14 @@ fn agents(
                     .filter(|j| *j != first)
                     .map(|j| urls[j].clone()),
             );
-            tokio::spawn(agent(mine, i, new.to_owned(), traps(i), seen.clone()))
+            let agent = Agent {
+                urls: mine,
+                i,
+                new: new.to_owned(),
+                traps: traps(i),
+                poll: Duration::from_millis(200),
+            };
+            tokio::spawn(agent.run(seen.clone()))
         })
         .collect();
     (seen, tasks)
