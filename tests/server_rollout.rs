@@ -369,3 +369,54 @@ async fn a_bad_definition_is_refused_and_the_previous_one_kept() {
     }
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_change_is_staged_on_the_revision_the_agents_apply() {
+    let tree = tempfile::tempdir().unwrap();
+    let plugins = tempfile::tempdir().unwrap();
+    let (old, _) = plugin_versions(plugins.path());
+    write(
+        tree.path(),
+        &format!("ccmc/{CLUSTER}/defaults.json"),
+        &plugins_layer(&old).to_string(),
+    );
+    // No plugin version changes: the gate is "the revision served is applied, no plugin
+    // failing".
+    let change = json!({"type": "ccmc", "cluster": CLUSTER,
+                        "change": {"interval": "5s", "tags": {"rack": "r1"}},
+                        "stages": [{"percent": 30, "min-time": "1s"}, {"percent": 100}]});
+    write(
+        tree.path(),
+        &format!("rollouts/{ROLLOUT}.json"),
+        &change.to_string(),
+    );
+    let server = start(json!({"disable-authentication": true,
+                              "fleet": {"config-dir": tree.path(), "plugin-dir": plugins.path()}}))
+    .await;
+    let (seen, tasks) = agents(&server.base_url(), "none", &BTreeSet::new());
+    let done = wait_status(&server, "completed").await;
+    assert!(
+        done["reason"]
+            .as_str()
+            .unwrap()
+            .contains("100 of 100 reporting"),
+        "{done}"
+    );
+    assert_eq!(seen.lock().unwrap().latest.len(), AGENTS);
+    // Every member is served the change now.
+    let id = register_ok(
+        &http(),
+        &server,
+        "cluster",
+        &json!({"cluster": CLUSTER, "hostname": host(7), "serviceType": "ccmc"}).to_string(),
+    )
+    .await;
+    let body: Value = pull(&http(), &server, &id, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["interval"], "5s", "{body}");
+    tasks.iter().for_each(|t| t.abort());
+    server.shutdown().await.unwrap();
+}

@@ -237,3 +237,68 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod judge_tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::wire::{PluginHealth, ReportedPlugin};
+
+    fn definition(change: serde_json::Value) -> Definition {
+        let serde_json::Value::Object(layer) = json!({"type": "ccmc", "change": change,
+                                                       "stages": [{"percent": 100}]})
+        else {
+            unreachable!()
+        };
+        Definition::parse("r", &layer).unwrap()
+    }
+
+    fn report(applied: i64, plugins: &[(&str, Option<&str>, PluginHealth)]) -> AgentReport {
+        AgentReport {
+            applied,
+            plugins: plugins
+                .iter()
+                .map(|(n, s, h)| ReportedPlugin {
+                    name: (*n).to_owned(),
+                    sha256: s.map(str::to_owned),
+                    health: *h,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_configuration_change_runs_once_its_revision_is_applied_without_failures() {
+        let d = definition(json!({"interval": "5s"}));
+        assert_eq!(judge(&d, None, Some(7)), Judgement::Unknown);
+        let old = report(6, &[("a", None, PluginHealth::Running)]);
+        assert_eq!(judge(&d, Some(&old), Some(7)), Judgement::Pending);
+        let applied = report(7, &[("a", None, PluginHealth::Running)]);
+        assert_eq!(judge(&d, Some(&applied), Some(7)), Judgement::Running);
+        let failing = report(7, &[("a", None, PluginHealth::Quarantined)]);
+        assert_eq!(judge(&d, Some(&failing), Some(7)), Judgement::Failed);
+    }
+
+    #[test]
+    fn a_plugin_change_runs_when_every_named_version_runs() {
+        let sha = "ab".repeat(32);
+        let d = definition(json!({"plugins": [{"name": "p", "sha256": sha}]}));
+        let hash = &sha[..16];
+        let old = report(1, &[("p", Some("0123456789abcdef"), PluginHealth::Running)]);
+        assert_eq!(judge(&d, Some(&old), None), Judgement::Pending);
+        let starting = report(1, &[("p", Some(hash), PluginHealth::Starting)]);
+        assert_eq!(judge(&d, Some(&starting), None), Judgement::Pending);
+        let running = report(1, &[("p", Some(hash), PluginHealth::Running)]);
+        assert_eq!(judge(&d, Some(&running), None), Judgement::Running);
+        for bad in [
+            PluginHealth::Restarting,
+            PluginHealth::Quarantined,
+            PluginHealth::DownloadFailed,
+            PluginHealth::LoadFailed,
+        ] {
+            let failed = report(1, &[("p", Some(hash), bad)]);
+            assert_eq!(judge(&d, Some(&failed), None), Judgement::Failed, "{bad:?}");
+        }
+    }
+}
