@@ -645,7 +645,11 @@ async fn config(
             &service.cluster,
             service.service_type,
             &service.hostname,
-            overlay.as_ref().map(|(key, change)| (key.as_str(), change)),
+            overlay
+                .as_ref()
+                .map(|d| (d.overlay_key(), &d.change))
+                .as_ref()
+                .map(|(key, change)| (key.as_str(), *change)),
         )
     });
     let Some(resolved) = resolved else {

@@ -34,7 +34,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use serde_json::{Map, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -326,19 +325,23 @@ impl Rollouts {
             .map(|k| k.report.clone())
     }
 
-    /// The rollout whose change a member is served now, if any: `(cache key, change)`.
-    pub fn overlay(&self, service: &Service) -> Option<(String, Map<String, Value>)> {
+    /// The rollout whose change a member is served now, if any.
+    pub fn overlay(&self, service: &Service) -> Option<Arc<Definition>> {
         let definitions = self.definitions.read().unwrap_or_else(|e| e.into_inner());
         let states = self.states.read().unwrap_or_else(|e| e.into_inner());
-        definitions.iter().find_map(|d| {
-            if !d.covers(service.service_type, &service.cluster) {
-                return None;
-            }
-            let state = states.get(&d.name).filter(|s| s.digest == d.digest)?;
-            (state.status.serves_change()
-                && d.reaches(state.stage, &service.cluster, &service.hostname))
-            .then(|| (d.overlay_key(), d.change.clone()))
-        })
+        definitions
+            .iter()
+            .find(|d| {
+                d.covers(service.service_type, &service.cluster)
+                    && states
+                        .get(&d.name)
+                        .filter(|s| s.digest == d.digest)
+                        .is_some_and(|s| {
+                            s.status.serves_change()
+                                && d.reaches(s.stage, &service.cluster, &service.hostname)
+                        })
+            })
+            .cloned()
     }
 }
 
@@ -346,12 +349,22 @@ impl Rollouts {
 /// reached the member.
 pub fn served_revision(tree: &ConfigTree, rollouts: &Rollouts, service: &Service) -> Option<i64> {
     let overlay = rollouts.overlay(service);
+    revision_with(tree, service, overlay.as_deref())
+}
+
+/// The revision of a member's configuration with `definition`'s change (if any) merged in.
+fn revision_with(
+    tree: &ConfigTree,
+    service: &Service,
+    definition: Option<&Definition>,
+) -> Option<i64> {
+    let key = definition.map(Definition::overlay_key);
     tree.resolve_with(
         service.scope,
         &service.cluster,
         service.service_type,
         &service.hostname,
-        overlay.as_ref().map(|(k, m)| (k.as_str(), m)),
+        key.as_deref().zip(definition.map(|d| &d.change)),
     )
     .map(|r| r.revision)
 }
@@ -458,7 +471,13 @@ pub fn counts(
         {
             continue;
         }
-        let expected = served_revision(tree, rollouts, &service);
+        // A reached member is served the change; only a change naming no plugin version is
+        // judged by the revision (resolving every member's configuration costs the most).
+        let expected = if definition.plugins.is_empty() {
+            revision_with(tree, &service, Some(definition))
+        } else {
+            None
+        };
         let report = rollouts.report(&service);
         counts.add(gates::judge(definition, report.as_deref(), expected));
     }
