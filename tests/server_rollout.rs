@@ -116,7 +116,7 @@ async fn a_healthy_version_reaches_every_agent_stage_by_stage() {
     let (old, new) = plugin_versions(plugins.path());
     author(tree.path(), &old, &new, stages(20, "1s"));
     let server =
-        start(json!({"disable-authentication": true, "fleet": {"config-dir": tree.path(), "plugin-dir": plugins.path()}})).await;
+        start(json!({"disable-authentication": true, "fleet": {"config-dir": tree.path(), "plugin-dir": plugins.path(), "rollout-interval": "1s"}})).await;
     let (seen, tasks) = agents(&server.base_url(), &new, &BTreeSet::new());
 
     let done = wait_status(&server, "completed").await;
@@ -184,7 +184,7 @@ async fn a_version_that_traps_on_a_fifth_stops_at_the_canary_and_is_rolled_back(
         canary.len()
     );
     let server =
-        start(json!({"disable-authentication": true, "fleet": {"config-dir": tree.path(), "plugin-dir": plugins.path()}})).await;
+        start(json!({"disable-authentication": true, "fleet": {"config-dir": tree.path(), "plugin-dir": plugins.path(), "rollout-interval": "1s"}})).await;
     let (seen, tasks) = agents(&server.base_url(), &new, &trapping);
 
     let rolled_back = wait_status(&server, "rolled-back").await;
@@ -249,7 +249,7 @@ async fn a_restarted_server_continues_the_rollout_and_operators_pause_resume_and
         json!([{"percent": 20, "min-time": "0s"}, {"percent": 50, "min-time": "1h"}, {"percent": 100}]),
     );
     let config = json!({"disable-authentication": true, "db": db.path().join("fleet.sqlite"),
-                        "fleet": {"config-dir": tree.path(), "plugin-dir": plugins.path()}});
+                        "fleet": {"config-dir": tree.path(), "plugin-dir": plugins.path(), "rollout-interval": "1s"}});
     let server = start(config.clone()).await;
     let (seen, tasks) = agents(&server.base_url(), &new, &BTreeSet::new());
     eventually(
@@ -334,7 +334,7 @@ async fn a_bad_definition_is_refused_and_the_previous_one_kept() {
         json!([{"percent": 20, "min-time": "1h"}, {"percent": 100}]),
     );
     let server = start(
-        json!({"disable-authentication": true, "fleet": {"config-dir": tree.path(), "plugin-dir": plugins.path(),
+        json!({"disable-authentication": true, "fleet": {"config-dir": tree.path(), "plugin-dir": plugins.path(), "rollout-interval": "1s",
                                         "config-reload-interval": "100ms"}}),
     )
     .await;
@@ -391,7 +391,7 @@ async fn a_configuration_change_is_staged_on_the_revision_the_agents_apply() {
         &change.to_string(),
     );
     let server = start(json!({"disable-authentication": true,
-                              "fleet": {"config-dir": tree.path(), "plugin-dir": plugins.path()}}))
+                              "fleet": {"config-dir": tree.path(), "plugin-dir": plugins.path(), "rollout-interval": "1s"}}))
     .await;
     let (seen, tasks) = agents(&server.base_url(), "none", &BTreeSet::new());
     let done = wait_status(&server, "completed").await;

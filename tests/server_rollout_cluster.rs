@@ -107,7 +107,7 @@ fn config(nats: &str, tree: &Path, plugins: &Path) -> Value {
         "disable-authentication": true,
         "nats": {"address": nats},
         "registry": {"type": "jetstream-kv", "bucket": BUCKET, "replicas": 1, "lease-ttl": "2s"},
-        "fleet": {"config-dir": tree, "plugin-dir": plugins},
+        "fleet": {"config-dir": tree, "plugin-dir": plugins, "rollout-interval": "1s"},
     })
 }
 

@@ -107,7 +107,7 @@ async fn a_healthy_version_completes_and_a_trapping_one_is_taken_back_from_the_c
     let config = json!({
         "addr": "127.0.0.1:0",
         "jwt-public-key": keys.public_key_base64(),
-        "fleet": {"config-dir": tree, "plugin-dir": plugins, "config-reload-interval": "200ms"}
+        "fleet": {"config-dir": tree, "plugin-dir": plugins, "rollout-interval": "1s", "config-reload-interval": "200ms"}
     });
     let server = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
         .await
@@ -243,7 +243,7 @@ async fn operators_read_and_steer_a_rollout_from_the_command_line() {
     let config = json!({
         "addr": "127.0.0.1:0",
         "jwt-public-key": keys.public_key_base64(),
-        "fleet": {"config-dir": tree, "plugin-dir": plugins}
+        "fleet": {"config-dir": tree, "plugin-dir": plugins, "rollout-interval": "1s"}
     });
     let server = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
         .await
@@ -328,7 +328,7 @@ fn check_config_refuses_bad_stage_definitions() {
     let config = root.join("server.json");
     std::fs::write(
         &config,
-        json!({"disable-authentication": true, "fleet": {"config-dir": tree, "plugin-dir": plugins}})
+        json!({"disable-authentication": true, "fleet": {"config-dir": tree, "plugin-dir": plugins, "rollout-interval": "1s"}})
             .to_string(),
     )
     .unwrap();

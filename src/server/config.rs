@@ -18,6 +18,9 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(90);
 /// Default period of the stale sweep.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+/// Default `fleet.rollout-interval`: how often the leading server judges each staged
+/// rollout's stage (a look over every covered member; about 70 ms at 100,000 members).
+pub const DEFAULT_ROLLOUT_INTERVAL: Duration = Duration::from_secs(5);
 /// Default period of the config tree rescan.
 pub const DEFAULT_CONFIG_RELOAD_INTERVAL: Duration = Duration::from_secs(60);
 /// Default number of heartbeat decoder tasks.
@@ -137,6 +140,8 @@ pub struct FleetConfig {
     pub stale_after: Duration,
     /// Period of the stale sweep.
     pub sweep_interval: Duration,
+    /// How often the leading server judges each staged rollout's stage.
+    pub rollout_interval: Duration,
     /// Period of the config tree rescan.
     pub config_reload_interval: Duration,
     /// NATS subject of heartbeats; `None` disables the NATS consumer.
@@ -214,6 +219,7 @@ impl Default for FleetConfig {
             plugin_dir: None,
             stale_after: DEFAULT_STALE_AFTER,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            rollout_interval: DEFAULT_ROLLOUT_INTERVAL,
             config_reload_interval: DEFAULT_CONFIG_RELOAD_INTERVAL,
             heartbeat_subject: None,
             heartbeat_concurrency: DEFAULT_HEARTBEAT_CONCURRENCY,
@@ -259,6 +265,7 @@ struct RawFleet {
     plugin_dir: Option<PathBuf>,
     stale_after: Option<String>,
     sweep_interval: Option<String>,
+    rollout_interval: Option<String>,
     config_reload_interval: Option<String>,
     heartbeat_subject: Option<String>,
     heartbeat_concurrency: Option<i64>,
@@ -426,6 +433,11 @@ impl ServerConfig {
                 "fleet.sweep-interval",
                 f.sweep_interval.as_deref(),
                 DEFAULT_SWEEP_INTERVAL,
+            )?,
+            rollout_interval: duration_or_default(
+                "fleet.rollout-interval",
+                f.rollout_interval.as_deref(),
+                DEFAULT_ROLLOUT_INTERVAL,
             )?,
             config_reload_interval: duration_or_default(
                 "fleet.config-reload-interval",
@@ -757,6 +769,11 @@ mod tests {
             ),
             (r#"{"stale-after":"soon"}"#, "fleet.stale-after", "soon"),
             (r#"{"sweep-interval":"0s"}"#, "fleet.sweep-interval", "0s"),
+            (
+                r#"{"rollout-interval":"0s"}"#,
+                "fleet.rollout-interval",
+                "0s",
+            ),
             (
                 r#"{"discovery-debounce":"-1s"}"#,
                 "fleet.discovery-debounce",

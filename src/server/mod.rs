@@ -576,6 +576,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             tree.clone(),
             known,
             gate.clone(),
+            fleet.rollout_interval,
             shutdown_rx.clone(),
         ));
     }

@@ -12,10 +12,10 @@
 //!   ([`share`]), so the lease holder judges every member, whichever server it polls.
 //! - One task per server ([`spawn`]) looks at every rollout each second. On the server
 //!   that leads (the only one with a registry of its own, or the lease holder of a shared
-//!   one) it checks the current stage's gates ([`gates`]) and advances, pauses or rolls
-//!   back; every decision is logged once with its reason, counted, and saved in the
-//!   registry (SQLite or the JetStream bucket), so a restarted server or the next lease
-//!   holder continues where it was. The other servers read the saved progress each tick
+//!   one) it checks, every `fleet.rollout-interval` (default 5 s), the current stage's
+//!   gates ([`gates`]) and advances, pauses or rolls back; every decision is logged once
+//!   with its reason, counted, and saved in the registry (SQLite or the JetStream
+//!   bucket), so a restarted server or the next lease holder continues where it was. The other servers read the saved progress each tick
 //!   and serve accordingly.
 //! - Operators read and steer rollouts through `GET /api/fleet/rollouts` and `POST
 //!   /api/fleet/rollouts/{name}/{pause,resume,abort}` ([`api`]), which `ccfleet rollout`
@@ -592,11 +592,13 @@ pub(crate) fn spawn(
     tree: Arc<ConfigTree>,
     known: Arc<dyn Fn(&str) -> bool + Send + Sync>,
     gate: leader::Gate,
+    judge_every: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(TICK);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut judged: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = super::stopped(&mut shutdown) => return,
@@ -606,8 +608,15 @@ pub(crate) fn spawn(
                     if tokio::task::spawn_blocking(move || r.refresh(&t, &*k)).await.is_err() {
                         continue;
                     }
+                    // Judging looks at every covered member: every `judge_every`, while
+                    // decisions saved by other servers are taken over every tick.
+                    let judge = gate.is_leader()
+                        && judged.is_none_or(|at| at.elapsed() + TICK / 2 >= judge_every);
+                    if judge {
+                        judged = Some(tokio::time::Instant::now());
+                    }
                     for definition in rollouts.definitions() {
-                        if gate.is_leader() {
+                        if judge {
                             step(&rollouts, &registry, &tree, &definition).await;
                         } else {
                             follow(&rollouts, &registry, &definition).await;
