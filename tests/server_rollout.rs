@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ccfleet::server::rollout::definition::bucket;
-use rollout_agents::{Agent, CLUSTER, Shared, host, plugin_versions, plugins_layer};
+use rollout_agents::{Agent, CLUSTER, Shared, all_served, host, plugin_versions, plugins_layer};
 use serde_json::{Value, json};
 use server_common::*;
 
@@ -122,8 +122,7 @@ async fn a_healthy_version_reaches_every_agent_stage_by_stage() {
     let done = wait_status(&server, "completed").await;
     assert_eq!(done["stage"], 2, "{done}");
     eventually("every agent to run the new version", PATIENCE, || async {
-        let seen = seen.lock().unwrap();
-        seen.latest.len() == AGENTS && seen.latest.values().all(|s| *s == new)
+        all_served(&seen, AGENTS, &new)
     })
     .await;
     let metrics = http()
@@ -201,10 +200,7 @@ async fn a_version_that_traps_on_a_fifth_stops_at_the_canary_and_is_rolled_back(
     eventually(
         "every agent to be back on the old version",
         PATIENCE,
-        || async {
-            let seen = seen.lock().unwrap();
-            seen.latest.len() == AGENTS && seen.latest.values().all(|s| *s == old)
-        },
+        || async { all_served(&seen, AGENTS, &old) },
     )
     .await;
     {
@@ -312,10 +308,7 @@ async fn a_restarted_server_continues_the_rollout_and_operators_pause_resume_and
     eventually(
         "every agent to be back on the old version",
         PATIENCE,
-        || async {
-            let seen = seen2.lock().unwrap();
-            seen.latest.len() == AGENTS && seen.latest.values().all(|s| *s == old)
-        },
+        || async { all_served(&seen2, AGENTS, &old) },
     )
     .await;
     tasks.iter().for_each(|t| t.abort());

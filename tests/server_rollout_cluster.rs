@@ -22,7 +22,7 @@ use std::time::Duration;
 use ccfleet::server::RunningServer;
 use ccfleet::server::rollout::definition::bucket;
 use nats::NatsServer;
-use rollout_agents::{Agent, CLUSTER, Shared, host, plugin_versions, plugins_layer};
+use rollout_agents::{Agent, CLUSTER, Shared, all_served, host, plugin_versions, plugins_layer};
 use serde_json::{Value, json};
 use server_common::*;
 
@@ -320,10 +320,7 @@ async fn every_servers_reports_count_and_killing_the_lease_holder_hands_the_roll
     eventually(
         "every agent to run the new version, served by the remaining servers",
         PATIENCE,
-        || async {
-            let seen = seen.lock().unwrap();
-            seen.latest.len() == AGENTS && seen.latest.values().all(|s| *s == new)
-        },
+        || async { all_served(&seen, AGENTS, &new) },
     )
     .await;
     // Members the saved stage had reached kept the change through the crash, whichever
@@ -402,10 +399,7 @@ async fn failures_reported_only_to_other_servers_roll_the_change_back() {
     eventually(
         "every agent to be back on the old version",
         PATIENCE,
-        || async {
-            let seen = seen.lock().unwrap();
-            seen.latest.len() == AGENTS && seen.latest.values().all(|s| *s == old)
-        },
+        || async { all_served(&seen, AGENTS, &old) },
     )
     .await;
     tasks.iter().for_each(|t| t.abort());

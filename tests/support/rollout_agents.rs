@@ -60,6 +60,12 @@ pub struct Seen {
 /// [`Seen`], shared by the agents and the test.
 pub type Shared = Arc<Mutex<Seen>>;
 
+/// Whether all `agents` were served `sha256` last.
+pub fn all_served(seen: &Shared, agents: usize, sha256: &str) -> bool {
+    let seen = seen.lock().unwrap();
+    seen.latest.len() == agents && seen.latest.values().all(|s| s == sha256)
+}
+
 /// One agent.
 pub struct Agent {
     /// The fleet server URLs, the first tried first.

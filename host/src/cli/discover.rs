@@ -64,19 +64,11 @@ pub struct Args {
     #[arg(long)]
     watch: bool,
     /// How often `--watch` lists, as a Go duration.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = super::positive_duration)]
     interval: Duration,
     /// How long to wait for the provider's first refresh, as a Go duration.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = super::positive_duration)]
     timeout: Duration,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = ccfleet::duration::parse(s).map_err(|e| e.to_string())?;
-    if d.is_zero() {
-        return Err("must be positive".to_owned());
-    }
-    Ok(d)
 }
 
 impl Args {

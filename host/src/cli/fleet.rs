@@ -59,19 +59,11 @@ pub struct StatusArgs {
     #[arg(long)]
     watch: bool,
     /// How often --watch asks, as a Go duration.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = super::positive_duration)]
     interval: Duration,
     /// How long one request may take, as a Go duration.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = super::positive_duration)]
     timeout: Duration,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = ccfleet::duration::parse(s).map_err(|e| e.to_string())?;
-    if d.is_zero() {
-        return Err("must be positive".to_owned());
-    }
-    Ok(d)
 }
 
 /// The answer of `GET /api/fleet/instances`.

@@ -115,6 +115,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// A positive Go duration (`500ms`, `10s`), for the flags of the client commands.
+pub fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    let d = ccfleet::duration::parse(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err("must be positive".to_owned());
+    }
+    Ok(d)
+}
+
 /// The error as one line: each cause once. Many errors print their source inside their own
 /// message as well as returning it as `source()`, so `{err:#}` alone would repeat it.
 pub fn one_line(err: &anyhow::Error) -> String {

@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long, global = true)]
     json: bool,
     /// How long one request may take.
-    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, global = true, default_value = "10s", value_parser = super::positive_duration)]
     timeout: Duration,
 }
 
@@ -52,14 +52,6 @@ pub enum RolloutCommand {
         /// The rollout.
         name: String,
     },
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = ccfleet::duration::parse(s).map_err(|e| e.to_string())?;
-    if d.is_zero() {
-        return Err("must be positive".to_owned());
-    }
-    Ok(d)
 }
 
 /// Runs `ccfleet rollout`.

@@ -345,13 +345,6 @@ impl Rollouts {
     }
 }
 
-/// What a member is served: the tree's configuration, with a rollout's change when it has
-/// reached the member.
-pub fn served_revision(tree: &ConfigTree, rollouts: &Rollouts, service: &Service) -> Option<i64> {
-    let overlay = rollouts.overlay(service);
-    revision_with(tree, service, overlay.as_deref())
-}
-
 /// The revision of a member's configuration with `definition`'s change (if any) merged in.
 fn revision_with(
     tree: &ConfigTree,
