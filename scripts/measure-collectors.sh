@@ -30,6 +30,11 @@
 #   whole wasm memories with their guards), the memory images of components (memfd), thread
 #   stacks and the rest of the anonymous memory (the heap).
 #
+# PAGE_CACHE=cold (the default) drops both programs' binaries and the compiled components
+# from the page cache before the measured start, as after a node's reboot; PAGE_CACHE=warm
+# leaves them as they are (a binary just built or copied is then cached in large folios,
+# which makes each page fault map more of it).
+#
 # Set CCFLEET_BIN to an already built `ccfleet`; otherwise a release build is made. The
 # components come from scripts/build-guests.sh (guest/target/components), or from the
 # directory CCFLEET_COMPONENTS names. CPU times count
@@ -39,6 +44,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DURATION=${1:-600}
 INTERVAL=${2:-10}
+PAGE_CACHE=${PAGE_CACHE:-cold}
 
 CCFLEET=${CCFLEET_BIN:-}
 if [ -z "$CCFLEET" ]; then
@@ -130,6 +136,21 @@ JSON
  "netstat": {"include_devices": [$DEVICES], "send_abs_values": true, "send_derived_values": true},
  "iostat": {}, "diskstat": {}, "numastats": {}, "cpufreq": {}, "tempstat": {}}
 JSON
+fi
+
+if [ "$PAGE_CACHE" = cold ]; then
+    # Both programs' files leave the page cache, so each is read in by its own page faults:
+    # how the kernel caches a file depends on how it came there (a file just written by a
+    # linker or copied whole sits in large folios, and a fault maps the whole folio), and
+    # that counts in the resident memory of whoever maps it.
+    python3 - "$CCFLEET" ${PEER:+"$PEER"} "$WORK"/cache/components/*.cwasm <<'PY'
+import os, sys
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDONLY)
+    os.fdatasync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+PY
 fi
 
 (cd "$WORK" && exec "$CCFLEET" agent --config "$WORK/agent.json" >/dev/null 2>"$WORK/agent.log") &

@@ -186,6 +186,9 @@ fn check_into(
     };
     let mut now: Option<i64> = None;
     let mut points = 0usize;
+    // Lines that stand in the input exactly as they go out (a timestamp, then a bare `\n`)
+    // are copied as one run rather than line by line: a collector's batch is one such run.
+    let mut run = 0..0;
     for line in Decoder::with_options(input, options) {
         let line = line.map_err(BatchError::Decode)?;
         let number = line.line_number();
@@ -214,13 +217,36 @@ fn check_into(
                 limit: limits.max_fields,
             });
         }
-        out.extend_from_slice(line.raw().as_bytes());
+        let raw = line.raw().as_bytes();
+        // The line's offset in the input: `raw` is a view into it.
+        let start = raw.as_ptr() as usize - input.as_ptr() as usize;
+        let end = start + raw.len();
+        if start == run.end && line.time().is_some() && input.get(end) == Some(&b'\n') {
+            run.end = end + 1;
+            continue;
+        }
+        if run.start < run.end {
+            out.extend_from_slice(&input[run.clone()]);
+        }
+        out.extend_from_slice(raw);
         if line.time().is_none() {
             let time = *now.get_or_insert_with(&mut *now_ns);
             out.push(b' ');
             out.extend_from_slice(itoa::Buffer::new().format(time).as_bytes());
         }
         out.push(b'\n');
+        // A run starts again after this line's ending (when the next line follows it
+        // directly).
+        let resume = match input.get(end) {
+            Some(b'\n') => end + 1,
+            Some(b'\r') if input.get(end + 1) == Some(&b'\n') => end + 2,
+            // Not followed by a line ending of its own: no run continues it.
+            _ => usize::MAX,
+        };
+        run = resume..resume;
+    }
+    if run.start < run.end {
+        out.extend_from_slice(&input[run]);
     }
     Ok(points)
 }
@@ -229,6 +255,13 @@ fn check_into(
 /// cannot appear in it unescaped, so two keys are the same exactly when they are written the
 /// same.
 fn repeated_tag<'a>(line: &Line<'a>) -> Option<&'a str> {
+    // Keys in strictly increasing order are all different: encoders write tags sorted, so
+    // one pass over neighbours settles almost every line.
+    let mut keys = line.tags().map(|(key, _)| key.raw().as_bytes());
+    let mut previous = keys.next()?;
+    if keys.all(|key| before(std::mem::replace(&mut previous, key), key)) {
+        return None;
+    }
     let mut tags = line.tags();
     while let Some((key, _)) = tags.next() {
         if tags.clone().any(|(other, _)| other.raw() == key.raw()) {
@@ -236,6 +269,16 @@ fn repeated_tag<'a>(line: &Line<'a>) -> Option<&'a str> {
         }
     }
     None
+}
+
+/// Whether `a` sorts strictly before `b`, bytewise: keys mostly differ in their first byte,
+/// which settles it without a call to `memcmp`.
+#[inline]
+fn before(a: &[u8], b: &[u8]) -> bool {
+    match (a.first(), b.first()) {
+        (Some(x), Some(y)) if x != y => x < y,
+        _ => a < b,
+    }
 }
 
 #[cfg(test)]
@@ -306,6 +349,54 @@ mod tests {
             check("a v=1 1\n b v=\"x\" 2 3", limits),
             Err("line 2: unexpected character '3' (column 11)".to_owned())
         );
+    }
+
+    #[test]
+    fn lines_copied_as_a_run_and_one_by_one_come_out_the_same() {
+        let limits = BatchLimits::default();
+        assert_eq!(
+            check(
+                "a v=1 1\nb v=2 2\n\n# c\nc v=3 3\n  d v=4 4  \ne v=5 5\r\nf v=6 6\ng v=7",
+                limits
+            ),
+            Ok((
+                7,
+                "a v=1 1\nb v=2 2\nc v=3 3\n  d v=4 4\ne v=5 5\nf v=6 6\ng v=7 99\n".to_owned()
+            ))
+        );
+        assert_eq!(
+            check("a v=1 1\nb v=2\nc v=3 3\n", limits),
+            Ok((3, "a v=1 1\nb v=2 99\nc v=3 3\n".to_owned()))
+        );
+        assert_eq!(
+            check("a s=\"x\ny\" 1\nb v=2 2", limits),
+            Ok((2, "a s=\"x\ny\" 1\nb v=2 2\n".to_owned()))
+        );
+    }
+
+    #[test]
+    fn repeated_tag_keys_are_found_in_any_order_and_distinct_ones_in_any_order_pass() {
+        let limits = BatchLimits::default();
+        for (input, key) in [
+            ("a,j=1,j=2 v=1", "j"),
+            ("a,a=1,b=1,c=1,d=1,e=1,a=2 v=1", "a"),
+            ("a,b=1,c=1,d=1,e=1,f=1,f=2 v=1", "f"),
+            ("a,z=1,y=1,z=2 v=1", "z"),
+        ] {
+            assert_eq!(
+                check(input, limits),
+                Err(format!("line 1: tag key {key} repeated")),
+                "{input}"
+            );
+        }
+        for input in [
+            "a,z=1,b=2 v=1",
+            "a,b=1,c=1,d=1,e=1,f=1,g=1 v=1",
+            "a,g=1,f=1,e=1,d=1,c=1,b=1 v=1",
+            "a,k=1,k\\ =1 v=1",
+        ] {
+            assert_eq!(check(input, limits).map(|r| r.0), Ok(1), "{input}");
+        }
     }
 
     #[test]

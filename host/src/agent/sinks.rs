@@ -515,23 +515,37 @@ fn deliver(queues: &[Queue], batch: Batch) {
 }
 
 async fn run_stdout(mut rx: mpsc::Receiver<Batch>, counters: Arc<SinkCounters>) {
-    while let Some(batch) = rx.recv().await {
+    // The plugins of one collect round emit one after the other: what has arrived by the
+    // time this task runs goes out in one write rather than one per plugin.
+    let mut batches = Vec::new();
+    let mut text = Vec::new();
+    while rx.recv_many(&mut batches, STDOUT_BATCHES_PER_WRITE).await > 0 {
+        text.clear();
+        let mut points = 0;
+        for batch in &batches {
+            text.extend_from_slice(&batch.lines);
+            points += batch.points;
+        }
         let mut out = std::io::stdout().lock();
-        match out.write_all(&batch.lines).and_then(|()| out.flush()) {
+        match out.write_all(&text).and_then(|()| out.flush()) {
             Ok(()) => {
-                SinkCounters::add(&counters.batches, 1);
-                SinkCounters::add(&counters.sent, batch.points);
+                SinkCounters::add(&counters.batches, batches.len());
+                SinkCounters::add(&counters.sent, points);
                 counters.delivered();
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot write metrics to stdout");
                 counters.failed(format!("cannot write to standard output: {error}"));
                 SinkCounters::add(&counters.errors, 1);
-                SinkCounters::add(&counters.dropped_failed, batch.points);
+                SinkCounters::add(&counters.dropped_failed, points);
             }
         }
+        batches.clear();
     }
 }
+
+/// The most batches the stdout sink writes at once.
+const STDOUT_BATCHES_PER_WRITE: usize = 64;
 
 async fn run_nats(
     mut rx: mpsc::Receiver<Batch>,

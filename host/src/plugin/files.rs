@@ -240,6 +240,8 @@ struct SecretIds {
     inodes: Vec<(u64, u64)>,
     /// The resolved paths of the secrets that are directories.
     dirs: Vec<PathBuf>,
+    /// How often the secrets were looked up (for the tests).
+    lookups: u64,
 }
 
 impl SecretIds {
@@ -257,6 +259,7 @@ impl SecretIds {
             }
         }
         self.current = true;
+        self.lookups += 1;
     }
 }
 
@@ -271,6 +274,11 @@ struct Trees {
     /// opened following links straight away rather than first tried without. Only a hint
     /// for which way to try first; both ways are checked.
     linked: HashSet<String>,
+    /// The devices of the top-level trees that are the kernel's own file systems (`proc`,
+    /// `sysfs`): nobody can create a file there, so a file opened on one of them is never
+    /// one of the agent's secrets. The trees' descriptors hold those file systems, so the
+    /// numbers cannot pass to another file system while they are kept.
+    kernel_devs: Vec<u64>,
 }
 
 /// The most paths [`Trees::linked`] remembers; it starts over when full.
@@ -378,12 +386,31 @@ impl FileGrants {
         if self.secrets.iter().any(|secret| real.starts_with(secret)) {
             return true;
         }
+        // Most reads are of `/proc` and `/sys`: no secret to look up for them.
+        if self.on_kernel_fs(opened) {
+            return false;
+        }
         let mut ids = self.secret_ids.lock().unwrap_or_else(|e| e.into_inner());
         if !ids.current {
             ids.look_up(&self.secrets);
         }
         ids.inodes.contains(&(opened.dev(), opened.ino()))
             || ids.dirs.iter().any(|dir| real.starts_with(dir))
+    }
+
+    /// Whether the opened file is on the `proc` or `sysfs` file system of a top-level tree.
+    fn on_kernel_fs(&self, opened: &std::fs::Metadata) -> bool {
+        let trees = self.trees.lock().unwrap_or_else(|e| e.into_inner());
+        trees.kernel_devs.contains(&opened.dev())
+    }
+
+    /// How often the secrets were looked up so far.
+    #[cfg(test)]
+    fn secret_lookups(&self) -> u64 {
+        self.secret_ids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .lookups
     }
 
     /// Nothing granted.
@@ -738,6 +765,11 @@ impl FileGrants {
                 return None;
             }
         };
+        if let Some(dev) = kernel_fs_dev(&fd)
+            && !trees.kernel_devs.contains(&dev)
+        {
+            trees.kernel_devs.push(dev);
+        }
         trees.tops.push((top.to_owned(), fd.clone()));
         Some(fd)
     }
@@ -765,6 +797,32 @@ impl FileGrants {
             Err(e) => Err(format!("cannot verify the opened file: {e}")),
         }
     }
+}
+
+/// The device of the directory `dir` when it is the root or any directory of a `proc` or
+/// `sysfs` file system.
+#[cfg(target_os = "linux")]
+#[allow(clippy::unnecessary_cast)] // `f_type`'s type differs between architectures.
+fn kernel_fs_dev(dir: &OwnedFd) -> Option<u64> {
+    const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+    const SYSFS_MAGIC: i64 = 0x6265_6572;
+    let mut fs = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: the descriptor is open and `fs` is writable memory of the type fstatfs fills.
+    if unsafe { libc::fstatfs(dir.as_raw_fd(), fs.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: fstatfs succeeded, so it initialized the struct.
+    let kind = unsafe { fs.assume_init() }.f_type as i64;
+    if kind != PROC_SUPER_MAGIC && kind != SYSFS_MAGIC {
+        return None;
+    }
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: as above, for fstat.
+    if unsafe { libc::fstat(dir.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded.
+    Some(unsafe { st.assume_init() }.st_dev)
 }
 
 /// `openat2(2)`: opens `path` relative to `dir` with `flags`, resolving under `resolve`.
@@ -959,6 +1017,45 @@ mod tests {
         grants.begin_call();
         assert!(grants.read("/innocent").is_ok());
         assert!(grants.read("/token").is_err());
+    }
+
+    #[test]
+    fn files_of_proc_and_sys_need_no_secret_lookup_and_other_files_still_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t").unwrap();
+        let granted = [
+            "/proc/loadavg".to_owned(),
+            "/sys/kernel/mm/transparent_hugepage/enabled".to_owned(),
+            format!("{}/**", dir.path().display()),
+        ];
+        let grants = FileGrants::new(&granted, None, 1 << 20)
+            .unwrap()
+            .with_secrets(Arc::from(vec![token.clone()]));
+        for _ in 0..3 {
+            grants.begin_call();
+            assert!(grants.read("/proc/loadavg").is_ok());
+        }
+        if Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
+            grants.begin_call();
+            assert!(
+                grants
+                    .read("/sys/kernel/mm/transparent_hugepage/enabled")
+                    .is_ok()
+            );
+        }
+        assert_eq!(grants.secret_lookups(), 0, "looked up for kernel files");
+        // A file elsewhere is checked against the secrets as they are now.
+        let other = dir.path().join("other");
+        std::fs::write(&other, "fine").unwrap();
+        grants.begin_call();
+        assert!(grants.read(other.to_str().unwrap()).is_ok());
+        assert_eq!(grants.secret_lookups(), 1);
+        std::fs::hard_link(&token, dir.path().join("innocent")).unwrap();
+        let err = grants
+            .read(dir.path().join("innocent").to_str().unwrap())
+            .unwrap_err();
+        assert!(err.contains("agent's own secrets"), "{err}");
     }
 
     #[test]

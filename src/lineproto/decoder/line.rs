@@ -72,8 +72,11 @@ impl<'a> Line<'a> {
     pub fn tag_count(&self) -> usize {
         let known = usize::from(self.known_tags.count);
         // Fewer than `KNOWN` kept is all of them, unless none could be kept (a buffer too
-        // long for the kept offsets) while the section holds some.
-        if known < KNOWN && (known > 0 || self.tags.is_empty()) {
+        // long for the kept offsets) while the section holds some; `KNOWN` kept is all of
+        // them when the last one ends the section.
+        if (known < KNOWN && (known > 0 || self.tags.is_empty()))
+            || (known == KNOWN && self.known_tags.value_end[KNOWN - 1] as usize == self.tags.len())
+        {
             known
         } else {
             self.tags().count()
@@ -83,7 +86,10 @@ impl<'a> Line<'a> {
     /// How many fields the line has (at least one).
     pub fn field_count(&self) -> usize {
         let known = usize::from(self.known_fields.count);
-        if known > 0 && known < KNOWN {
+        if (known > 0 && known < KNOWN)
+            || (known == KNOWN
+                && self.known_fields.value_end[KNOWN - 1] as usize == self.fields.len())
+        {
             known
         } else {
             self.fields().count()
