@@ -87,8 +87,8 @@ pub(crate) fn parse_unquoted_in(
 }
 
 /// Reads the most common numbers in one pass over their bytes, with no separate search
-/// for their end: `-?digits(.digits)?` (a float) or `-?digits i` (an integer), at most 15
-/// digits, followed by a comma, white space or the end of `buf`. Returns where the value
+/// for their end: `-?digits(.digits)?` (a float) or `-?digits i` (an integer), at most 19
+/// digits (18 for an integer), followed by a comma, white space or the end of `buf`. Returns where the value
 /// ends and the value; `None` for anything else, which the full parser then reads.
 ///
 /// A byte at a time: field values are short, and the next field's scan waits for where
@@ -102,9 +102,9 @@ pub(crate) fn parse_plain_number(buf: &[u8], start: usize) -> Option<(usize, Fie
     loop {
         match buf.get(i) {
             Some(&b @ b'0'..=b'9') => {
-                // 15 digits: the mantissa and the power of ten are exact in an f64 (see
-                // `float::parse`), and any integer fits an i64.
-                if digits == 15 {
+                // Up to 19 digits fit the u64 (10^19 - 1 < 2^64); past that the full parser
+                // reads the number.
+                if digits == MAX_PLAIN_DIGITS {
                     return None;
                 }
                 mantissa = mantissa * 10 + u64::from(b - b'0');
@@ -121,13 +121,23 @@ pub(crate) fn parse_plain_number(buf: &[u8], start: usize) -> Option<(usize, Fie
     }
     let ends_value = |at: usize| matches!(buf.get(at), None | Some(b',' | b' ' | b'\r' | b'\n'));
     if ends_value(i) {
-        let magnitude = float::exact_decimal(mantissa, fraction);
-        return Some((
-            i,
-            FieldValue::Float(if negative { -magnitude } else { magnitude }),
-        ));
+        let value = if digits <= EXACT_DIGITS {
+            // The mantissa and the power of ten are exact in an f64: one division rounds
+            // correctly (Clinger's fast path).
+            let magnitude = float::exact_decimal(mantissa, fraction);
+            if negative { -magnitude } else { magnitude }
+        } else {
+            // A shortest round-trip float has 16 or 17 digits: the standard library's
+            // correctly rounded parser, on what is known to be `-?digits(.digits)?`, which
+            // Go's ParseFloat reads the same way (the full parser would only check that
+            // syntax again first).
+            // SAFETY: the bytes are ASCII digits, a `.` and a leading `-`.
+            let text = unsafe { std::str::from_utf8_unchecked(&buf[start..i]) };
+            text.parse::<f64>().ok()?
+        };
+        return Some((i, FieldValue::Float(value)));
     }
-    if buf[i] == b'i' && !point && ends_value(i + 1) {
+    if buf[i] == b'i' && !point && digits <= MAX_INT_DIGITS && ends_value(i + 1) {
         let magnitude = mantissa as i64;
         return Some((
             i + 1,
@@ -136,6 +146,13 @@ pub(crate) fn parse_plain_number(buf: &[u8], start: usize) -> Option<(usize, Fie
     }
     None
 }
+
+/// The most digits [`parse_plain_number`] reads itself.
+const MAX_PLAIN_DIGITS: usize = 19;
+/// The most digits of a mantissa that is exact in an f64 with its power of ten.
+const EXACT_DIGITS: usize = 15;
+/// The most digits of an integer that always fits an i64.
+const MAX_INT_DIGITS: usize = 18;
 
 /// Powers of ten as integers, for joining runs of digits.
 pub(crate) const POW10_U64: [u64; 17] = {
@@ -405,6 +422,19 @@ mod tests {
             "123456789012345",
             "1234567890123456",
             "0.000000000000001",
+            "42.869705743739853",
+            "-0.12345678901234567",
+            "0.30000000000000004",
+            "1234567890123456789",
+            "12345678901234567890",
+            "1.7976931348623157",
+            "99999999999999999.99",
+            ".1234567890123456789",
+            "-.1234567890123456789",
+            "999999999999999999i",
+            "-999999999999999999i",
+            "1234567890123456789i",
+            "9223372036854775807i",
             "7i",
             "-7i",
             "-0i",
@@ -443,6 +473,9 @@ mod tests {
             }
         }
         assert!(parse_plain_number(b"f=12.345 1", 2).is_some());
+        // Shortest round-trip floats (16, 17 digits) are read here too.
+        assert!(parse_plain_number(b"f=42.869705743739853 1", 2).is_some());
+        assert!(parse_plain_number(b"f=-0.12345678901234567,g", 2).is_some());
         assert!(parse_plain_number(b"f=404i,g", 2).is_some());
     }
 
