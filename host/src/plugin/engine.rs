@@ -124,7 +124,12 @@ impl Runtime {
             .epoch_interruption(true)
             // The WIT world has no async functions; without concurrency support calls into
             // components are several times cheaper.
-            .concurrency_support(false);
+            .concurrency_support(false)
+            // The map from native code back to wasm offsets is only read for the offsets in
+            // a trap's backtrace (the function names come from the name section): a tenth
+            // of each compiled component, mapped and resident on every node, for a detail of
+            // a message.
+            .generate_address_map(false);
         let engine = Engine::new(&config).map_err(engine_err)?;
         let ticker = Ticker::spawn(&engine, options.epoch_tick)
             .map_err(|e| HostError::Engine(format!("cannot start the epoch ticker: {e}")))?;
