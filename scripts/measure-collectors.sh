@@ -35,9 +35,9 @@
 # leaves them as they are (a binary just built or copied is then cached in large folios,
 # which makes each page fault map more of it).
 #
-# Set CCFLEET_BIN to an already built `ccfleet`; otherwise a release build is made. The
-# components come from scripts/build-guests.sh (guest/target/components), or from the
-# directory CCFLEET_COMPONENTS names. CPU times count
+# Set CCFLEET_BIN to an already built `ccfleet`; otherwise one is built with the `dist`
+# profile, as nodes run it. The components come from scripts/build-guests.sh
+# (guest/target/components), or from the directory CCFLEET_COMPONENTS names. CPU times count
 # clock ticks (usually 10 ms): a longer run resolves a round's cost more finely.
 set -euo pipefail
 
@@ -48,9 +48,9 @@ PAGE_CACHE=${PAGE_CACHE:-cold}
 
 CCFLEET=${CCFLEET_BIN:-}
 if [ -z "$CCFLEET" ]; then
-    echo "==> building ccfleet (release)" >&2
-    (cd "$ROOT" && cargo build --release --quiet -p ccfleet-host --bin ccfleet)
-    CCFLEET="$ROOT/target/release/ccfleet"
+    echo "==> building ccfleet (profile dist, as nodes run it)" >&2
+    (cd "$ROOT" && cargo build --profile dist --quiet -p ccfleet-host --bin ccfleet)
+    CCFLEET="$ROOT/target/dist/ccfleet"
 fi
 CCFLEET=$(realpath "$CCFLEET")
 PEER=${CC_METRIC_COLLECTOR:-}
