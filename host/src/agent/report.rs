@@ -14,15 +14,22 @@ use tokio::task::JoinHandle;
 
 use super::health::Assignments;
 use super::observe::{ConfigState, ObservedPlugin};
-use crate::plugin::PluginState;
+use crate::plugin::{PluginState, PluginStatus};
 
 /// How often the report is brought up to date (it is sent with the next poll).
 const REFRESH: Duration = Duration::from_secs(1);
 
-fn health(state: PluginState) -> PluginHealth {
-    match state {
+/// How a plugin fares, as the fleet hears it: a version that has not yet shown it works
+/// ([`crate::plugin::PluginStatus::proven`]) is still starting, or restarting when it failed
+/// before, however briefly it runs between its restarts.
+fn health(status: &PluginStatus) -> PluginHealth {
+    match status.state {
         PluginState::Starting => PluginHealth::Starting,
-        PluginState::Running => PluginHealth::Running,
+        PluginState::Running if status.proven => PluginHealth::Running,
+        PluginState::Running if status.last_failure.is_some() && status.restarts > 0 => {
+            PluginHealth::Restarting
+        }
+        PluginState::Running => PluginHealth::Starting,
         PluginState::Backoff => PluginHealth::Restarting,
         PluginState::Quarantined => PluginHealth::Quarantined,
         PluginState::LoadFailed => PluginHealth::LoadFailed,
@@ -54,7 +61,7 @@ pub(crate) fn build(
         }
         report.plugins.push(ReportedPlugin {
             sha256: assignment.map(|a| a.sha256.clone()),
-            health: health(plugin.status.borrow().state),
+            health: health(&plugin.status.borrow()),
             name,
         });
     }
@@ -90,4 +97,47 @@ pub(crate) fn spawn(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::Failure;
+
+    fn status(state: PluginState, proven: bool, restarts: u32, failed: bool) -> PluginStatus {
+        PluginStatus {
+            state,
+            generation: 1,
+            restarts,
+            hash: None,
+            last_failure: failed.then(|| Failure::Trap {
+                call: "collect",
+                message: "unreachable".to_owned(),
+            }),
+            proven,
+        }
+    }
+
+    #[test]
+    fn a_version_runs_for_the_fleet_only_once_a_call_of_it_succeeded() {
+        use PluginState::*;
+        let cases = [
+            (status(Running, true, 0, false), PluginHealth::Running),
+            (status(Running, true, 2, true), PluginHealth::Running),
+            // Loaded, its first collect still to come.
+            (status(Running, false, 0, false), PluginHealth::Starting),
+            // Up again between two traps: still failing as far as a rollout is concerned.
+            (status(Running, false, 1, true), PluginHealth::Restarting),
+            // A new version after an old one's failure: its own record is clean.
+            (status(Running, false, 0, true), PluginHealth::Starting),
+            (status(Backoff, false, 1, true), PluginHealth::Restarting),
+            (
+                status(Quarantined, false, 5, true),
+                PluginHealth::Quarantined,
+            ),
+        ];
+        for (status, expected) in cases {
+            assert_eq!(health(&status), expected, "{status:?}");
+        }
+    }
 }

@@ -53,6 +53,7 @@ fn spawn(runtime: Runtime, spec: PluginSpec, feeds: Feeds, sink: SinkHandle) -> 
         restarts: 0,
         hash: None,
         last_failure: None,
+        proven: spec.collect_interval.is_none(),
     });
     let (stop, stop_rx) = watch::channel(false);
     let logs = LogGate::new(&spec.limits);
@@ -165,6 +166,7 @@ impl Supervisor {
             s.restarts = restarts;
             if failure.is_some() {
                 s.last_failure = failure;
+                s.proven = false;
             }
         });
     }
@@ -228,8 +230,11 @@ impl Supervisor {
                     // A new version's failures are news.
                     self.failing.clear();
                     self.open_commands().await;
-                    self.status
-                        .send_modify(|s| s.hash = Some(next.hash.clone()));
+                    let proven = self.spec.collect_interval.is_none();
+                    self.status.send_modify(|s| {
+                        s.hash = Some(next.hash.clone());
+                        s.proven = proven;
+                    });
                     loaded = Some(next);
                 }
                 Exit::Failed(failure) => {
@@ -410,6 +415,12 @@ impl Supervisor {
         self.in_flight = None;
         match result {
             Ok(()) => {
+                // A plugin that collects shows it works by collecting: answering a
+                // configuration or a roster is not enough.
+                if call == "collect" || self.spec.collect_interval.is_none() {
+                    self.status
+                        .send_if_modified(|s| !std::mem::replace(&mut s.proven, true));
+                }
                 if let Some(at) = self.failing.iter().position(|(c, _)| *c == call) {
                     self.failing.swap_remove(at);
                     tracing::info!(plugin = &*self.name, call, "plugin call succeeds again");
