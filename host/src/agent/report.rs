@@ -119,7 +119,7 @@ mod tests {
     }
 
     #[test]
-    fn a_version_runs_for_the_fleet_only_once_a_call_of_it_succeeded() {
+    fn a_version_runs_for_the_fleet_only_once_a_call_of_it_returned() {
         use PluginState::*;
         let cases = [
             (status(Running, true, 0, false), PluginHealth::Running),

@@ -38,11 +38,12 @@ pub struct PluginStatus {
     pub hash: Option<String>,
     /// The last failure, if any.
     pub last_failure: Option<Failure>,
-    /// Whether the running version has shown it works: a call of it succeeded since it was
-    /// loaded or last failed. A plugin without a collect interval starts out proven (its
-    /// `init` succeeding is all it may be asked for a while, and any good call proves it
-    /// again after a failure); one with an interval is proven by its first good `collect`,
-    /// so a version that fails every collect never counts as running between its restarts.
+    /// Whether the running version has shown it works: a call of it returned (with or
+    /// without an error of its own) since it was loaded or last failed. A plugin without a
+    /// collect interval starts out proven (its `init` succeeding is all it may be asked for
+    /// a while, and any returned call proves it again after a failure); one with an
+    /// interval is proven by its first returned `collect`, so a version that traps on every
+    /// collect never counts as running between its restarts.
     pub proven: bool,
 }
 

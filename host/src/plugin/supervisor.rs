@@ -413,14 +413,15 @@ impl Supervisor {
         let result = result?;
         // Survived: whatever was in flight did not end the instance.
         self.in_flight = None;
+        // A call that returned, even with an error of its own (a collector without its
+        // devices), shows the version runs; one that collects shows it by collecting:
+        // answering a configuration or a roster is not enough.
+        if call == "collect" || self.spec.collect_interval.is_none() {
+            self.status
+                .send_if_modified(|s| !std::mem::replace(&mut s.proven, true));
+        }
         match result {
             Ok(()) => {
-                // A plugin that collects shows it works by collecting: answering a
-                // configuration or a roster is not enough.
-                if call == "collect" || self.spec.collect_interval.is_none() {
-                    self.status
-                        .send_if_modified(|s| !std::mem::replace(&mut s.proven, true));
-                }
                 if let Some(at) = self.failing.iter().position(|(c, _)| *c == call) {
                     self.failing.swap_remove(at);
                     tracing::info!(plugin = &*self.name, call, "plugin call succeeds again");
