@@ -31,7 +31,10 @@
 //!   configuration, the compile cache's key: [`crate::RuntimeOptions::secret_files`]) are
 //!   refused whatever the grant, matched by resolved path and by inode (a hard link is
 //!   caught), and so is everything below a secret directory;
-//! - at most `limits.max-file-bytes` bytes are returned.
+//! - at most `limits.max-file-bytes` bytes are returned;
+//! - a file of `/proc` or `/sys` stays open after its first read and is read again from its
+//!   start at the next ([`super::held`]): the checks above run at every read all the same,
+//!   only the open is spared.
 //!
 //! `capabilities.files-root` (default `/`) puts the whole view under another directory, for
 //! fixtures: the plugin still asks for `/proc/stat` and gets `<root>/proc/stat`.
@@ -39,7 +42,6 @@
 use std::collections::HashSet;
 use std::ffi::{CStr, CString, OsString};
 use std::fs::File;
-use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -48,6 +50,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ccfleet::untrusted::Untrusted;
+
+use super::held::{HeldFiles, Reread, may_hold, read_from_start};
 
 pub use super::bindings::cc::fleet::files::FsStats;
 
@@ -226,6 +230,8 @@ pub struct FileGrants {
     trees: Arc<Mutex<Trees>>,
     /// `capabilities.mount-info`: see [`super::mounts`].
     mounts: Option<super::mounts::MountInfo>,
+    /// Kernel files kept open from read to read: see [`super::held`].
+    held: Arc<Mutex<HeldFiles>>,
 }
 
 /// What the agent's secrets are on disk, looked up once per plugin call
@@ -341,6 +347,7 @@ impl FileGrants {
             secret_ids: Arc::default(),
             trees: Arc::default(),
             mounts: None,
+            held: Arc::default(),
         })
     }
 
@@ -423,6 +430,7 @@ impl FileGrants {
             secret_ids: Arc::default(),
             trees: Arc::default(),
             mounts: None,
+            held: Arc::default(),
         }
     }
 
@@ -434,15 +442,30 @@ impl FileGrants {
             return mounts.read(path, name);
         }
         let names = self.check(path, Kind::File)?;
-        let (file, meta) = self.open(path, &names, Kind::File)?;
-        // One read for a small file: /proc files report no size and /sys files a page, so
-        // a page to start with (growing from nothing takes a read per doubling).
+        // The limit and one more byte, to tell a file of exactly the limit from a larger one.
         let limit = self.max_bytes.saturating_add(1);
-        let hint = usize::try_from(meta.len()).unwrap_or(usize::MAX).max(4096);
-        let mut bytes = Vec::with_capacity(hint.saturating_add(1).min(limit));
-        file.take(limit as u64)
-            .read_to_end(&mut bytes)
-            .map_err(|e| format!("{}: {e}", Untrusted(path)))?;
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let bytes = match held.reread(path, limit) {
+            Reread::Read(bytes) => bytes,
+            Reread::Open => {
+                let (file, meta, real) = self.open(path, &names, Kind::File)?;
+                // /proc files report no size and /sys files a page: a page to start with.
+                let hint = usize::try_from(meta.len()).unwrap_or(usize::MAX);
+                let bytes = read_from_start(&file, hint, limit)
+                    .map_err(|e| format!("{}: {e}", Untrusted(path)))?;
+                if self.on_kernel_fs(&meta)
+                    && real
+                        .strip_prefix(&self.root)
+                        .ok()
+                        .and_then(path_names)
+                        .is_some_and(|names| may_hold(&names))
+                {
+                    held.hold(path, file, bytes.len());
+                }
+                bytes
+            }
+        };
+        drop(held);
         if bytes.len() > self.max_bytes {
             return Err(format!(
                 "{} is larger than this plugin's limit of {} bytes",
@@ -457,7 +480,7 @@ impl FileGrants {
     /// itself, as for [`FileGrants::read`]), e.g. a mount point.
     pub fn statvfs(&self, path: &str) -> Result<FsStats, String> {
         let names = self.check(path, Kind::Either)?;
-        let (file, _) = self.open(path, &names, Kind::Either)?;
+        let (file, _, _) = self.open(path, &names, Kind::Either)?;
         let mut stats = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
         // SAFETY: the descriptor is open for the call and `stats` is writable memory of the
         // type fstatvfs fills.
@@ -490,7 +513,7 @@ impl FileGrants {
     /// The names in a directory that are granted or lead to granted files, sorted.
     pub fn list(&self, path: &str) -> Result<Vec<String>, String> {
         let names = self.check(path, Kind::Dir)?;
-        let (dir, _) = self.open(path, &names, Kind::Dir)?;
+        let (dir, _, _) = self.open(path, &names, Kind::Dir)?;
         let entries = dir_names(&dir).map_err(|e| format!("{}: {e}", Untrusted(path)))?;
         let mut out = Vec::new();
         for entry in entries {
@@ -539,13 +562,14 @@ impl FileGrants {
         Ok(names)
     }
 
-    /// Opens the path under the root where it really leads, once that is checked.
+    /// Opens the path under the root where it really leads, once that is checked: the file,
+    /// what it is and the host path it really is.
     fn open(
         &self,
         path: &str,
         names: &[&str],
         kind: Kind,
-    ) -> Result<(File, std::fs::Metadata), String> {
+    ) -> Result<(File, std::fs::Metadata, PathBuf), String> {
         let fail = |why: &dyn std::fmt::Display| format!("{}: {why}", Untrusted(path));
         let (file, real) = match self.open_beneath(names, kind) {
             // No link on the way: the file is where the names say, and they were checked.
@@ -570,7 +594,7 @@ impl FileGrants {
             Kind::Either if !meta.is_dir() && !meta.is_file() => {
                 Err(fail(&"is neither a regular file nor a directory"))
             }
-            _ => Ok((file, meta)),
+            _ => Ok((file, meta, real)),
         }
     }
 
@@ -1211,5 +1235,74 @@ mod tests {
             "{err}"
         );
         assert_eq!(small.list("/proc").unwrap(), ["stat"]);
+    }
+
+    fn held(grants: &FileGrants) -> (usize, u64) {
+        let held = grants.held.lock().unwrap();
+        (held.held(), held.reused())
+    }
+
+    #[test]
+    fn a_kernel_file_read_every_round_is_opened_once_and_still_read_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "one").unwrap();
+        let granted = [
+            "/proc/uptime".to_owned(),
+            format!("{}/*", dir.path().display()),
+        ];
+        let grants = FileGrants::new(&granted, None, 1 << 20).unwrap();
+        let first = grants.read("/proc/uptime").unwrap();
+        assert_eq!(held(&grants), (1, 0));
+        // The uptime counts hundredths of a second: a later read sees a later time.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let second = grants.read("/proc/uptime").unwrap();
+        assert_eq!(
+            held(&grants),
+            (1, 1),
+            "the second read opened the file again"
+        );
+        let seconds = |b: &[u8]| -> f64 {
+            let text = std::str::from_utf8(b).unwrap();
+            text.split_whitespace().next().unwrap().parse().unwrap()
+        };
+        assert!(
+            seconds(&second) > seconds(&first),
+            "a held file gave old content: {:?} then {:?}",
+            String::from_utf8_lossy(&first),
+            String::from_utf8_lossy(&second)
+        );
+        // A file elsewhere is opened at every read, and so sees a replaced file.
+        let path = plain.to_str().unwrap();
+        assert_eq!(grants.read(path).unwrap(), b"one");
+        std::fs::remove_file(&plain).unwrap();
+        std::fs::write(&plain, "two").unwrap();
+        assert_eq!(grants.read(path).unwrap(), b"two");
+        assert_eq!(held(&grants), (1, 1));
+        // A held file still answers to the size limit.
+        let small = FileGrants::new(&granted, None, 2).unwrap();
+        small.read("/proc/uptime").unwrap_err();
+        let err = small.read("/proc/uptime").unwrap_err();
+        assert!(err.contains("larger than this plugin's limit"), "{err}");
+    }
+
+    #[test]
+    fn a_held_file_that_fails_is_dropped_and_the_path_opened_again() {
+        let grants = FileGrants::new(&["/proc/uptime".to_owned()], None, 1 << 20).unwrap();
+        grants.read("/proc/uptime").unwrap();
+        assert_eq!(held(&grants), (1, 0));
+        // A descriptor whose read fails, as one of a device that went away does (ENODEV);
+        // a directory's fails with EISDIR.
+        let dir = tempfile::tempdir().unwrap();
+        grants
+            .held
+            .lock()
+            .unwrap()
+            .replace("/proc/uptime", File::open(dir.path()).unwrap());
+        let again = grants.read("/proc/uptime").unwrap();
+        assert!(again.first().is_some_and(u8::is_ascii_digit), "{again:?}");
+        assert_eq!(held(&grants), (1, 0), "the failed read counted as served");
+        grants.read("/proc/uptime").unwrap();
+        assert_eq!(held(&grants), (1, 1), "the file opened again is not held");
     }
 }

@@ -8,7 +8,7 @@
 //!   NVML;
 //! - `limits`, [`logs`], `emit`, [`files`], `state`: the data of one plugin's `Store` and
 //!   the `cc:fleet/host` and `cc:fleet/files` imports; [`sink`] is where emitted line
-//!   protocol goes;
+//!   protocol goes; [`held`] keeps the kernel files a plugin reads every round open;
 //! - [`engine`]: the shared [`Runtime`] (engine, epoch ticker, linkers, compile cache) that
 //!   loads a component into a [`LoadedPlugin`] and creates stores; it knows nothing of
 //!   supervision;
@@ -49,6 +49,7 @@ pub mod events;
 pub mod feeds;
 pub mod files;
 pub mod handle;
+pub mod held;
 pub mod instance;
 mod limits;
 pub mod logs;
