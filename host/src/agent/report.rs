@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 
 use super::health::Assignments;
 use super::observe::{ConfigState, ObservedPlugin};
+use crate::plugin::grid::GridTimer;
 use crate::plugin::{PluginState, PluginStatus};
 
 /// How often the report is brought up to date (it is sent with the next poll).
@@ -86,15 +87,16 @@ pub(crate) fn spawn(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut last = None;
-        let mut ticker = tokio::time::interval(REFRESH);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // On the plugins' grid: the refresh falls due with their collects and costs the agent
+        // no wake-up of its own.
+        let mut ticker = GridTimer::new(REFRESH);
         loop {
-            ticker.tick().await;
             let report = build(&plugins, assignments.as_deref(), &config.borrow());
             if last.as_ref() != Some(&report) {
                 client.set_report(&report);
                 last = Some(report);
             }
+            ticker.tick().await;
         }
     })
 }

@@ -14,7 +14,8 @@
 //!   supervision;
 //! - [`instance`]: one instantiation, every call guarded by a CPU deadline;
 //! - [`restart`], [`feeds`], [`handle`], [`supervisor`]: one tokio task per plugin owning
-//!   its only store, fed the latest snapshots, restarting it within its budget.
+//!   its only store, fed the latest snapshots, restarting it within its budget, collecting
+//!   on the process-wide [`grid`].
 //!
 //! [`events`] reports what happens to plugins to whoever listens; [`stats`] counts it.
 //!
@@ -48,6 +49,7 @@ pub mod error;
 pub mod events;
 pub mod feeds;
 pub mod files;
+pub mod grid;
 pub mod handle;
 pub mod held;
 pub mod instance;

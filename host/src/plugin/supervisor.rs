@@ -15,11 +15,10 @@
 //! budget spent before the second failure) gets one more try when that feed publishes a new
 //! snapshot.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tokio::time::{Interval, MissedTickBehavior};
 
 use ccfleet::untrusted::Untrusted;
 
@@ -27,6 +26,7 @@ use super::commands::CommandGrants;
 use super::engine::{FileStamp, LoadedPlugin, Runtime};
 use super::events::{EventKind, PluginEvent};
 use super::feeds::Feeds;
+use super::grid::GridTimer;
 use super::handle::{PluginHandle, PluginState, PluginStatus};
 use super::instance::{CallResult, Instance};
 use super::logs::{LogGate, MAX_ERROR_MESSAGE};
@@ -592,7 +592,7 @@ impl Supervisor {
         self.deliver_roster(instance).await?;
         self.deliver_instances(instance).await?;
 
-        let mut collect = self.spec.collect_interval.map(aligned_interval);
+        let mut collect = self.spec.collect_interval.map(GridTimer::new);
         let mut check = watch_interval(self.runtime.options().watch_interval);
         let (mut config_open, mut roster_open, mut instances_open) = (true, true, true);
         loop {
@@ -640,37 +640,13 @@ impl Supervisor {
     }
 }
 
-fn watch_interval(period: Duration) -> Interval {
-    aligned_interval(period.max(Duration::from_millis(10)))
+fn watch_interval(period: Duration) -> GridTimer {
+    GridTimer::new(period.max(Duration::from_millis(10)))
 }
 
-/// An interval ticking on a grid the whole process shares: at multiples of `period` from
-/// one origin, the first tick at the next grid point (within one `period`). Plugins with
-/// the same (or commensurate) collect and watch intervals then fall due together, and the
-/// runtime wakes once for all of them instead of once per plugin. A tick missed by a long
-/// call is skipped, so the ticks stay on the grid.
-fn aligned_interval(period: Duration) -> Interval {
-    static ORIGIN: OnceLock<std::time::Instant> = OnceLock::new();
-    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
-    let period = period.max(Duration::from_millis(1));
-    let now = std::time::Instant::now();
-    let step = period.as_nanos();
-    let elapsed = now.saturating_duration_since(origin).as_nanos();
-    let until_next = step - elapsed % step;
-    let first = u64::try_from(until_next)
-        .ok()
-        .and_then(|nanos| now.checked_add(Duration::from_nanos(nanos)))
-        .unwrap_or(now);
-    let mut interval = tokio::time::interval_at(tokio::time::Instant::from_std(first), period);
-    interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    interval
-}
-
-async fn tick(interval: &mut Option<Interval>) {
+async fn tick(interval: &mut Option<GridTimer>) {
     match interval {
-        Some(interval) => {
-            interval.tick().await;
-        }
+        Some(interval) => interval.tick().await,
         None => std::future::pending().await,
     }
 }
@@ -679,25 +655,5 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn intervals_of_one_period_started_apart_fall_due_together() {
-        let period = Duration::from_millis(200);
-        let mut first = aligned_interval(period);
-        tokio::time::sleep(Duration::from_millis(70)).await;
-        let mut second = aligned_interval(period);
-        let due = second.tick().await;
-        // The first interval ticks at that very instant (its first tick or, when the pause
-        // crossed a grid point, its second), so one timer wake-up serves both.
-        let mut ticks = vec![first.tick().await, first.tick().await];
-        ticks.retain(|t| *t == due);
-        assert_eq!(ticks.len(), 1, "the intervals are not on one grid");
-        assert_eq!(second.tick().await, due + period);
     }
 }
