@@ -31,6 +31,8 @@ pub mod discovery;
 pub mod nats;
 #[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "client")]
+pub mod tls;
 
 /// The Rust examples of `README.md`, compiled and run as doc tests so they stay true.
 #[cfg(doctest)]

@@ -260,9 +260,8 @@ impl Client {
         let http_client = match opts.http_client {
             Some(client) => client,
             None => {
-                // reqwest is built without a default crypto provider; ring is ours.
-                let _ = rustls::crypto::ring::default_provider().install_default();
-                reqwest::Client::builder()
+                // Trust anchors read at the first TLS handshake, not here (`crate::tls`).
+                crate::tls::http_client_builder()
                     .timeout(config.timeout)
                     .build()
                     .map_err(Error::HttpClient)?

@@ -173,9 +173,8 @@ impl Fetcher {
             value.set_sensitive(true);
             Some(value)
         };
-        // reqwest is built without a default crypto provider; ring is ours.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
+        // Trust anchors read at the first TLS handshake, not here.
+        let http = ccfleet::tls::http_client_builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| format!("HTTP client: {e}"))?;

@@ -417,9 +417,8 @@ pub(crate) fn start(
                 if jwt.is_none() {
                     tracing::warn!(sink = %name, "no jwt-file or jwt-env: cc-metric-store answers 401 unless its authentication is off");
                 }
-                // reqwest is built without a default crypto provider; ring is ours.
-                let _ = rustls::crypto::ring::default_provider().install_default();
-                let client = reqwest::Client::builder()
+                // Trust anchors read at the first TLS handshake, not here.
+                let client = ccfleet::tls::http_client_builder()
                     .timeout(config.timeout)
                     .build()
                     .map_err(|e| AgentError::Config(format!("sinks.{name}: HTTP client: {e}")))?;
