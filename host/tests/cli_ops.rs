@@ -825,6 +825,19 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Waits (a minute at most, for a loaded machine) until something accepts connections on
+/// the loopback `port`.
+fn wait_listening(port: u16) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < until,
+            "nothing listens on port {port}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn with_json_logs_every_revision_is_a_string() {
     let dir = tempfile::tempdir().unwrap();
@@ -851,6 +864,9 @@ fn with_json_logs_every_revision_is_a_string() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    // The agent's bootstrap tries once: an agent that started before the server listened
+    // would run from its local configuration and never log "joined the fleet".
+    wait_listening(port);
     let agent_config = write(
         dir.path(),
         "agent.json",
@@ -866,7 +882,6 @@ fn with_json_logs_every_revision_is_a_string() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The agent retries until the server listens.
     let seen = stderr_until(agent, "joined the fleet");
     let _ = server.kill();
     let _ = server.wait();
