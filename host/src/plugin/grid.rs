@@ -62,6 +62,15 @@ fn next_point(now: u128, period: Duration) -> u128 {
     now + (step - elapsed % step)
 }
 
+/// The period a timer of `period` ticks at (at least [`MIN_PERIOD`]) and its first grid
+/// point from now.
+fn first_point(period: Duration) -> (Duration, u128) {
+    let period = period.max(MIN_PERIOD);
+    // The origin is taken before the clock is read for this timer.
+    origin_ns();
+    (period, next_point(monotonic_ns(), period))
+}
+
 impl GridTimer {
     /// A timer ticking every `period` (at least [`MIN_PERIOD`]) on the process's grid.
     ///
@@ -70,10 +79,7 @@ impl GridTimer {
     /// Outside a tokio runtime with I/O and time enabled, as tokio's own timers and
     /// descriptors do.
     pub fn new(period: Duration) -> GridTimer {
-        let period = period.max(MIN_PERIOD);
-        // The origin is taken before the clock is read for this timer.
-        origin_ns();
-        let first = next_point(monotonic_ns(), period);
+        let (period, first) = first_point(period);
         #[cfg(target_os = "linux")]
         if let Ok(fd) = timer_fd(first, period) {
             return GridTimer {
@@ -88,9 +94,7 @@ impl GridTimer {
     /// A timer on the same grid driven by tokio's timer wheel (what [`GridTimer::new`] falls
     /// back to).
     pub fn with_tokio(period: Duration) -> GridTimer {
-        let period = period.max(MIN_PERIOD);
-        origin_ns();
-        let first = next_point(monotonic_ns(), period);
+        let (period, first) = first_point(period);
         GridTimer {
             inner: Inner::Tokio(tokio_interval(first, period)),
         }
