@@ -9,10 +9,11 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
-use super::format as escape;
-use super::format::format_go_g;
+use super::format::{
+    self, BACKSLASH, CONTROL, KEY_ESCAPES, MEASUREMENT_ESCAPES, STRING_ESCAPES, append,
+    format_go_g, write_token,
+};
 use super::precision::Precision;
-use super::table::is_non_printable;
 
 /// Why the encoder refused a point; the partial line is removed from the output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +101,18 @@ enum State {
     Fields,
 }
 
+/// Where the line's last tag key is, for the order check of the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LastTag {
+    /// No tag yet.
+    None,
+    /// Written as it was given (nothing to escape), at this range of the buffer: a key is
+    /// compared there rather than copied for every tag.
+    Written(usize, usize),
+    /// In [`Encoder::last_tag`] (it was escaped in the buffer).
+    Copied,
+}
+
 /// Appends line protocol to a reusable buffer, writing what the Go v2 encoder writes.
 ///
 /// Calls go `start_line`, `add_tag`*, `add_field`+, `end_line`. A call that fails removes the
@@ -124,6 +137,7 @@ pub struct Encoder {
     lax: bool,
     state: State,
     line_start: usize,
+    last: LastTag,
     last_tag: String,
 }
 
@@ -142,6 +156,7 @@ impl Encoder {
             lax: false,
             state: State::Idle,
             line_start: 0,
+            last: LastTag::None,
             last_tag: String::new(),
         }
     }
@@ -207,19 +222,31 @@ impl Encoder {
         Err(error)
     }
 
-    fn check_token(&self, what: &'static str, s: &str) -> Result<(), EncodeError> {
-        if self.lax {
-            return Ok(());
-        }
+    /// The [`format::classes`] of a token, checked (in strict mode) that it can be written
+    /// and read back: not empty, no control character, no backslash at its end.
+    fn token(&self, what: &'static str, s: &str) -> Result<u8, EncodeError> {
         let bytes = s.as_bytes();
-        if bytes.is_empty() || bytes.ends_with(b"\\") || bytes.iter().any(|&b| is_non_printable(b))
+        let found = format::classes(bytes);
+        if !self.lax
+            && (bytes.is_empty()
+                || found & CONTROL != 0
+                || (found & BACKSLASH != 0 && bytes.ends_with(b"\\")))
         {
             return Err(EncodeError::InvalidToken {
                 what,
                 value: s.to_owned(),
             });
         }
-        Ok(())
+        Ok(found)
+    }
+
+    /// The line's last tag key, as it was given.
+    fn last_tag(&self) -> Option<&[u8]> {
+        match self.last {
+            LastTag::None => None,
+            LastTag::Written(start, end) => self.buf.get(start..end),
+            LastTag::Copied => Some(self.last_tag.as_bytes()),
+        }
     }
 
     /// Begins a line with its measurement.
@@ -229,10 +256,11 @@ impl Encoder {
         }
         self.line_start = self.buf.len();
         self.state = State::Tags;
-        self.last_tag.clear();
-        if let Err(e) = self.check_token("measurement", measurement) {
-            return self.abort(e);
-        }
+        self.last = LastTag::None;
+        let found = match self.token("measurement", measurement) {
+            Ok(found) => found,
+            Err(e) => return self.abort(e),
+        };
         // A leading `#` would read back as a comment, and no escape can prevent that.
         if !self.lax && measurement.starts_with('#') {
             return self.abort(EncodeError::InvalidToken {
@@ -240,7 +268,12 @@ impl Encoder {
                 value: measurement.to_owned(),
             });
         }
-        escape::escape_measurement(measurement, &mut self.buf);
+        write_token(
+            measurement.as_bytes(),
+            found,
+            MEASUREMENT_ESCAPES,
+            &mut self.buf,
+        );
         Ok(())
     }
 
@@ -249,23 +282,30 @@ impl Encoder {
         if self.state != State::Tags {
             return self.abort(EncodeError::Sequence("add_tag outside the tag section"));
         }
-        if let Err(e) = self
-            .check_token("tag key", key)
-            .and_then(|()| self.check_token("tag value", value))
+        let (key_found, value_found) = match self
+            .token("tag key", key)
+            .and_then(|k| Ok((k, self.token("tag value", value)?)))
         {
-            return self.abort(e);
-        }
-        if !self.lax {
-            if !self.last_tag.is_empty() && key.as_bytes() <= self.last_tag.as_bytes() {
-                return self.abort(EncodeError::TagOrder(key.to_owned()));
-            }
-            self.last_tag.clear();
-            self.last_tag.push_str(key);
+            Ok(found) => found,
+            Err(e) => return self.abort(e),
+        };
+        if !self.lax && self.last_tag().is_some_and(|last| key.as_bytes() <= last) {
+            return self.abort(EncodeError::TagOrder(key.to_owned()));
         }
         self.buf.push(b',');
-        escape::escape_key(key, &mut self.buf);
+        let key_at = self.buf.len();
+        write_token(key.as_bytes(), key_found, KEY_ESCAPES, &mut self.buf);
+        if !self.lax {
+            self.last = if key_found & KEY_ESCAPES == 0 {
+                LastTag::Written(key_at, self.buf.len())
+            } else {
+                self.last_tag.clear();
+                self.last_tag.push_str(key);
+                LastTag::Copied
+            };
+        }
         self.buf.push(b'=');
-        escape::escape_key(value, &mut self.buf);
+        write_token(value.as_bytes(), value_found, KEY_ESCAPES, &mut self.buf);
         Ok(())
     }
 
@@ -282,10 +322,11 @@ impl Encoder {
             State::Fields => self.buf.push(b','),
         }
         self.state = State::Fields;
-        if let Err(e) = self.check_token("field key", key) {
-            return self.abort(e);
-        }
-        escape::escape_key(key, &mut self.buf);
+        let found = match self.token("field key", key) {
+            Ok(found) => found,
+            Err(e) => return self.abort(e),
+        };
+        write_token(key.as_bytes(), found, KEY_ESCAPES, &mut self.buf);
         self.buf.push(b'=');
         match value {
             FieldRef::Float(v) => {
@@ -295,13 +336,11 @@ impl Encoder {
                 format_go_g(v, &mut self.buf);
             }
             FieldRef::Int(v) => {
-                self.buf
-                    .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+                append(itoa::Buffer::new().format(v).as_bytes(), &mut self.buf);
                 self.buf.push(b'i');
             }
             FieldRef::Uint(v) => {
-                self.buf
-                    .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+                append(itoa::Buffer::new().format(v).as_bytes(), &mut self.buf);
                 self.buf.push(b'u');
             }
             FieldRef::Bool(v) => self
@@ -309,7 +348,8 @@ impl Encoder {
                 .extend_from_slice(if v { b"true" } else { b"false" }),
             FieldRef::Str(s) => {
                 self.buf.push(b'"');
-                escape::escape_string_field(s, &mut self.buf);
+                let bytes = s.as_bytes();
+                write_token(bytes, format::classes(bytes), STRING_ESCAPES, &mut self.buf);
                 self.buf.push(b'"');
             }
         }
@@ -327,8 +367,7 @@ impl Encoder {
         if let Some(t) = time_ns {
             self.buf.push(b' ');
             let scaled = t / self.precision.nanos();
-            self.buf
-                .extend_from_slice(itoa::Buffer::new().format(scaled).as_bytes());
+            append(itoa::Buffer::new().format(scaled).as_bytes(), &mut self.buf);
         }
         self.buf.push(b'\n');
         self.state = State::Idle;
@@ -364,5 +403,43 @@ mod tests {
         enc.add_field("s", "a\"b").unwrap();
         enc.end_line(Some(5)).unwrap();
         assert_eq!(enc.bytes(), b"cpu n=1i,u=2u,s=\"a\\\"b\" 5\n");
+    }
+
+    #[test]
+    fn tag_order_is_that_of_the_keys_as_given_whether_escaped_or_not() {
+        let mut enc = Encoder::new();
+        enc.start_line("m").unwrap();
+        // "a b" escapes to "a\\ b", which sorts after "a!" although the key sorts before it.
+        enc.add_tag("a b", "1").unwrap();
+        enc.add_tag("a!", "2").unwrap();
+        enc.add_tag("a,c", "3").unwrap();
+        assert_eq!(
+            enc.add_tag("a,c", "4"),
+            Err(EncodeError::TagOrder("a,c".into()))
+        );
+        enc.start_line("m").unwrap();
+        enc.add_tag("hostname", "n1").unwrap();
+        enc.add_tag("type", "node").unwrap();
+        assert_eq!(
+            enc.add_tag("type", "x"),
+            Err(EncodeError::TagOrder("type".into()))
+        );
+        enc.start_line("m").unwrap();
+        enc.add_tag("z", "1").unwrap();
+        enc.add_field("v", 1i64).unwrap();
+        enc.end_line(Some(1_700_000_000_123_456_789)).unwrap();
+        // A new line starts a new order.
+        enc.start_line("m").unwrap();
+        enc.add_tag("a b", "x").unwrap();
+        enc.add_tag("b", "").unwrap_err();
+        enc.start_line("m").unwrap();
+        enc.add_tag("a", "\\x").unwrap();
+        enc.add_field("v", -12i64).unwrap();
+        enc.add_field("w", 123_456_789_012u64).unwrap();
+        enc.end_line(None).unwrap();
+        assert_eq!(
+            enc.bytes(),
+            b"m,z=1 v=1i 1700000000123456789\nm,a=\\x v=-12i,w=123456789012u\n"
+        );
     }
 }

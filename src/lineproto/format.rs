@@ -6,32 +6,94 @@
 use alloc::vec::Vec;
 use core::fmt::Write as _;
 
-/// Appends `s` escaped for a measurement (`,` and space).
-pub(crate) fn escape_measurement(s: &str, out: &mut Vec<u8>) {
-    escape_with(s, out, |b| matches!(b, b',' | b' '));
-}
+/// A byte 0x00-0x1f or 0x7f, which may not stand in a measurement, key or tag value.
+pub(crate) const CONTROL: u8 = 1;
+const COMMA: u8 = 2;
+const EQUALS: u8 = 4;
+const SPACE: u8 = 8;
+/// A backslash.
+pub(crate) const BACKSLASH: u8 = 16;
+const QUOTE: u8 = 32;
 
-/// Appends `s` escaped for a tag key, tag value or field key (`,`, `=` and space).
-pub(crate) fn escape_key(s: &str, out: &mut Vec<u8>) {
-    escape_with(s, out, |b| matches!(b, b',' | b'=' | b' '));
-}
+/// What a measurement escapes.
+pub(crate) const MEASUREMENT_ESCAPES: u8 = COMMA | SPACE;
+/// What a tag key, tag value or field key escapes.
+pub(crate) const KEY_ESCAPES: u8 = COMMA | EQUALS | SPACE;
+/// What the inside of a string field escapes.
+pub(crate) const STRING_ESCAPES: u8 = BACKSLASH | QUOTE;
 
-/// Appends `s` escaped for the inside of a string field (`\` and `"`).
-pub(crate) fn escape_string_field(s: &str, out: &mut Vec<u8>) {
-    escape_with(s, out, |b| matches!(b, b'\\' | b'"'));
-}
-
-#[inline]
-fn escape_with(s: &str, out: &mut Vec<u8>, needs_escape: impl Fn(u8) -> bool) {
-    let bytes = s.as_bytes();
-    if !bytes.iter().any(|&b| needs_escape(b)) {
-        out.extend_from_slice(bytes);
-        return;
+const fn build_classes() -> [u8; 256] {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        if super::table::is_non_printable(b as u8) {
+            table[b] = CONTROL;
+        }
+        b += 1;
     }
+    table[b',' as usize] = COMMA;
+    table[b'=' as usize] = EQUALS;
+    table[b' ' as usize] = SPACE;
+    table[b'\\' as usize] = BACKSLASH;
+    table[b'"' as usize] = QUOTE;
+    table
+}
+
+static CLASSES: [u8; 256] = build_classes();
+
+/// The classes of all the bytes of a token, or-ed together: what it must escape and whether
+/// it may be written at all, found in one pass.
+///
+/// Tokens of up to eight bytes (most names, keys and tag values) are read without a loop,
+/// each byte once or twice: plugins run this code compiled to WebAssembly, where every turn
+/// of a loop also checks the call's CPU deadline.
+#[inline]
+pub(crate) fn classes(bytes: &[u8]) -> u8 {
+    let class = |i: usize| CLASSES[bytes[i] as usize];
+    let n = bytes.len();
+    match n {
+        0 => 0,
+        1..=3 => class(0) | class(n / 2) | class(n - 1),
+        4..=8 => {
+            class(0)
+                | class(1)
+                | class(2)
+                | class(3)
+                | class(n - 4)
+                | class(n - 3)
+                | class(n - 2)
+                | class(n - 1)
+        }
+        _ => {
+            let mut found = 0;
+            let mut chunks = bytes.chunks_exact(8);
+            for chunk in &mut chunks {
+                found |= chunk.iter().fold(0, |acc, &b| acc | CLASSES[b as usize]);
+            }
+            // The last (partial) chunk again as the last eight bytes, read whole.
+            let tail = &bytes[n - 8..];
+            found | tail.iter().fold(0, |acc, &b| acc | CLASSES[b as usize])
+        }
+    }
+}
+
+/// Appends `bytes`; `found` are its [`classes`], and the bytes of the classes in `escapes`
+/// get a backslash before them.
+#[inline]
+pub(crate) fn write_token(bytes: &[u8], found: u8, escapes: u8, out: &mut Vec<u8>) {
+    if found & escapes == 0 {
+        append(bytes, out);
+    } else {
+        write_escaped(bytes, escapes, out);
+    }
+}
+
+#[cold]
+fn write_escaped(bytes: &[u8], escapes: u8, out: &mut Vec<u8>) {
     out.reserve(bytes.len() + 8);
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
-        if needs_escape(b) {
+        if CLASSES[b as usize] & escapes != 0 {
             out.extend_from_slice(&bytes[start..i]);
             out.push(b'\\');
             out.push(b);
@@ -39,6 +101,47 @@ fn escape_with(s: &str, out: &mut Vec<u8>, needs_escape: impl Fn(u8) -> bool) {
         }
     }
     out.extend_from_slice(&bytes[start..]);
+}
+
+/// Appends `bytes`, copying up to 32 of them as two fixed-size, overlapping words.
+///
+/// Why not `extend_from_slice` alone: a copy of a length known only at run time is a call to
+/// `memcpy`, and in a plugin compiled to WebAssembly a `memory.copy` that leaves the
+/// plugin's code for the runtime's, several times the cost of copying a short name; a copy
+/// of a fixed size is a few loads and stores in place.
+#[inline]
+pub(crate) fn append(bytes: &[u8], out: &mut Vec<u8>) {
+    let n = bytes.len();
+    let start = out.len();
+    out.reserve(n);
+    match n {
+        0 => {}
+        1..=3 => {
+            out.push(bytes[0]);
+            if n > 1 {
+                out.push(bytes[1]);
+            }
+            if n > 2 {
+                out.push(bytes[2]);
+            }
+        }
+        4..=7 => overlapping::<4>(bytes, start, out),
+        8..=16 => overlapping::<8>(bytes, start, out),
+        17..=32 => overlapping::<16>(bytes, start, out),
+        _ => out.extend_from_slice(bytes),
+    }
+}
+
+/// Appends `bytes` (`W` to `2 * W` of them) as its first `W` bytes, then its last `W` bytes
+/// over the end of the first ones.
+#[inline(always)]
+fn overlapping<const W: usize>(bytes: &[u8], start: usize, out: &mut Vec<u8>) {
+    let n = bytes.len();
+    let head: [u8; W] = bytes[..W].try_into().expect("W bytes");
+    let tail: [u8; W] = bytes[n - W..].try_into().expect("W bytes");
+    out.extend_from_slice(&head);
+    out.truncate(start + n - W);
+    out.extend_from_slice(&tail);
 }
 
 /// Appends `v` as Go's `strconv.AppendFloat(v, 'g', -1, 64)` does: the shortest digits that
@@ -119,5 +222,74 @@ impl core::fmt::Write for StackText {
         room.copy_from_slice(s.as_bytes());
         self.len = end;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+
+    /// Every string of up to `max` bytes over `alphabet`, in a deterministic sample: all of
+    /// them up to three bytes, then each length with every byte of the alphabet at every
+    /// position among fillers.
+    fn samples(alphabet: &[u8], max: usize) -> Vec<Vec<u8>> {
+        let mut out = vec![Vec::new()];
+        for &a in alphabet {
+            for &b in alphabet {
+                out.push(vec![a, b]);
+                for &c in alphabet {
+                    out.push(vec![a, b, c]);
+                }
+            }
+        }
+        for len in 1..=max {
+            for &special in alphabet {
+                for at in 0..len {
+                    let mut s = vec![b'x'; len];
+                    s[at] = special;
+                    out.push(s);
+                }
+            }
+        }
+        out
+    }
+
+    const ALPHABET: &[u8] = b"a,= \\\"\x01\x1f\x7f\xc3";
+
+    #[test]
+    fn classes_are_those_of_every_byte_whatever_the_length() {
+        for s in samples(ALPHABET, 70) {
+            let every = s.iter().fold(0, |acc, &b| acc | CLASSES[b as usize]);
+            assert_eq!(classes(&s), every, "{s:?}");
+        }
+        assert_eq!(classes(b"host\x7f"), CONTROL);
+        assert_eq!(classes(b"a\\"), BACKSLASH);
+        assert_eq!(classes(b"hwthread"), 0);
+    }
+
+    #[test]
+    fn tokens_are_appended_whole_and_escaped_where_their_kind_says() {
+        for s in samples(ALPHABET, 70) {
+            for escapes in [MEASUREMENT_ESCAPES, KEY_ESCAPES, STRING_ESCAPES] {
+                let mut expected = b"before".to_vec();
+                for &b in &s {
+                    if CLASSES[b as usize] & escapes != 0 {
+                        expected.push(b'\\');
+                    }
+                    expected.push(b);
+                }
+                let mut out = b"before".to_vec();
+                write_token(&s, classes(&s), escapes, &mut out);
+                assert_eq!(out, expected, "{s:?} escaping {escapes:#x}");
+            }
+            let mut out = b"before".to_vec();
+            append(&s, &mut out);
+            assert_eq!(&out[..6], b"before");
+            assert_eq!(&out[6..], &s[..]);
+        }
+        let mut out = Vec::new();
+        write_token(b"a b,c=d", classes(b"a b,c=d"), KEY_ESCAPES, &mut out);
+        assert_eq!(out, b"a\\ b\\,c\\=d");
     }
 }
