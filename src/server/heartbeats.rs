@@ -640,13 +640,16 @@ mod tests {
             "the heartbeats after the panics applied",
             Duration::from_secs(10),
             || async {
-                // The counters are updated after the registry, so they are waited for too.
+                // A registered instance is active before any heartbeat, so the registry's
+                // state alone says nothing: `applied` is counted once the flush stage (on its
+                // own tick, after the decoder counted the messages) has updated the registry.
                 let stats = metrics.heartbeat_stats();
                 [&first, &second]
                     .iter()
                     .all(|id| registry.lookup(id).unwrap().state == State::Active)
                     && stats.messages == 4
                     && stats.panics == 2
+                    && stats.applied == 2
             },
         )
         .await;
