@@ -65,14 +65,12 @@ pub(crate) fn classes(bytes: &[u8]) -> u8 {
                 | class(n - 1)
         }
         _ => {
-            let mut found = 0;
-            let mut chunks = bytes.chunks_exact(8);
-            for chunk in &mut chunks {
-                found |= chunk.iter().fold(0, |acc, &b| acc | CLASSES[b as usize]);
-            }
+            let eight = |chunk: &[u8]| chunk.iter().fold(0, |acc, &b| acc | CLASSES[b as usize]);
             // The last (partial) chunk again as the last eight bytes, read whole.
-            let tail = &bytes[n - 8..];
-            found | tail.iter().fold(0, |acc, &b| acc | CLASSES[b as usize])
+            bytes
+                .chunks_exact(8)
+                .fold(0, |acc, chunk| acc | eight(chunk))
+                | eight(&bytes[n - 8..])
         }
     }
 }
