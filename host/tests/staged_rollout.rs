@@ -5,6 +5,8 @@
 //! never reaches the other two. Real peers: the project's fleet server, the agents and the
 //! guest plugins built from source.
 
+#[path = "support/fault_proxy.rs"]
+mod fault_proxy;
 #[path = "support/guests.rs"]
 mod guests;
 
@@ -228,6 +230,129 @@ async fn a_healthy_version_completes_and_a_trapping_one_is_taken_back_from_the_c
             .sum();
         let expected = if host == "node01" { 4.0 } else { 2.0 };
         assert_eq!(swaps, expected, "{host}: versions swapped in");
+    }
+    for agent in agents {
+        agent.shutdown().await.unwrap();
+    }
+    server.shutdown().await.unwrap();
+}
+
+/// Waits until the rollout `name` completes, failing at once if it pauses or rolls back: a
+/// healthy version must never trip a gate.
+async fn completes_without_a_gate_firing(server: &RunningServer, admin: &str, name: &str) {
+    let mut last = Value::Null;
+    let outcome = tokio::time::timeout(WAIT, async {
+        loop {
+            last = rollout_status(server, admin, name).await;
+            match last["status"].as_str() {
+                Some("completed") => return Ok(()),
+                Some("paused" | "rolled-back" | "aborted") => return Err(()),
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await;
+    assert!(
+        matches!(outcome, Ok(Ok(()))),
+        "the healthy rollout {name} did not complete untroubled: {last}"
+    );
+}
+
+/// Issue 35: every agent reported each new version `download-failed` while it was still
+/// being downloaded, so a healthy rollout with `max-failed` 0 paused or rolled back. Here
+/// every download is held back 2 s by a proxy in front of the server, while agents poll
+/// every 300 ms and the server judges every second: a version in flight must count as
+/// starting, never as failed. Two healthy versions in a row, six agents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_version_that_downloads_slowly_never_trips_a_gate() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("warn")
+        .with_test_writer()
+        .try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let keys = Keypair::generate();
+    let plugins = root.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let mut sha = std::collections::BTreeMap::new();
+    for name in ["hello", "loadavg", "roster-logger"] {
+        let path = guests::component(name);
+        std::fs::copy(&path, plugins.join(format!("{name}.wasm"))).unwrap();
+        sha.insert(name, sha256_hex(&std::fs::read(&path).unwrap()));
+    }
+    let tree = root.join("tree");
+    write(&tree, "ccmc/fritz/defaults.json", &collector(&sha["hello"]));
+    let config = json!({
+        "addr": "127.0.0.1:0",
+        "jwt-public-key": keys.public_key_base64(),
+        "fleet": {"config-dir": tree, "plugin-dir": plugins, "rollout-interval": "1s", "config-reload-interval": "200ms"}
+    });
+    let server = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
+        .await
+        .expect("fleet server");
+    let upstream: SocketAddr = server
+        .base_url()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = fault_proxy::FaultProxy::start(
+        upstream,
+        fault_proxy::Mode::Delay {
+            path: "/api/fleet/plugins/",
+            delay: Duration::from_secs(2),
+        },
+    )
+    .await;
+    let token = keys.sign_token("agent", &["api"], None);
+    let admin = keys.sign_token("operator", &["admin"], None);
+
+    let mut agents = Vec::new();
+    for i in 1..=6 {
+        let host = format!("r27n{i:02}");
+        let config = json!({
+            "service-type": "ccmc",
+            "fleet": {"url": proxy.url(), "token": token, "cluster": "fritz",
+                      "hostname": host, "config-poll-interval": "300ms", "heartbeat-interval": "1s"},
+            "plugin-cache-dir": root.join("compiled"),
+            "fleet-plugin-dir": root.join(&host).join("fleet-plugins"),
+            "metrics-addr": "127.0.0.1:0",
+            "metrics": {"type": "stdout"}
+        });
+        let config = AgentConfig::from_json(&config.to_string(), root).unwrap();
+        agents.push(Agent::new(config).unwrap().start().await.expect("agent starts"));
+    }
+    for agent in &agents {
+        wait_until("every agent runs hello", async || {
+            running_sha(agent).await.as_deref() == Some(sha["hello"].as_str())
+        })
+        .await;
+    }
+
+    let strict = |version: &str| {
+        let mut change = collector(&sha[version]);
+        change["plugins"][0]["capabilities"] = json!({"read-files": ["/proc/loadavg"]});
+        json!({"type": "ccmc", "cluster": "fritz", "change": change,
+               "stages": [{"hosts": ["r27n01"], "min-time": "1s"},
+                          {"percent": 50, "min-time": "1s"},
+                          {"percent": 100, "min-time": "1s"}],
+               "min-running": 100, "max-failed": 0, "rollback-failed": 0})
+    };
+    for (round, version) in ["loadavg", "roster-logger"].into_iter().enumerate() {
+        let name = format!("collector-v{}", round + 2);
+        write(&tree, &format!("rollouts/{name}.json"), &strict(version));
+        completes_without_a_gate_firing(&server, &admin, &name).await;
+        for agent in &agents {
+            wait_until("every agent runs the new version", async || {
+                running_sha(agent).await.as_deref() == Some(sha[version].as_str())
+            })
+            .await;
+        }
+        // Folded into the tree; the next round stages the next version.
+        let mut folded = collector(&sha[version]);
+        folded["plugins"][0]["capabilities"] = json!({"read-files": ["/proc/loadavg"]});
+        write(&tree, "ccmc/fritz/defaults.json", &folded);
+        std::fs::remove_file(tree.join(format!("rollouts/{name}.json"))).unwrap();
     }
     for agent in agents {
         agent.shutdown().await.unwrap();

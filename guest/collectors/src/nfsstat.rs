@@ -11,6 +11,12 @@
 //! is sent only when its counter was non-zero in both rounds, exactly the series
 //! cc-metric-collector sends. The counters are 32-bit: an increase across a wrap is counted
 //! as one.
+//!
+//! The names are those of current nfs-utils, which name every NFSv4 operation the kernel
+//! counts (through `read_plus`). An older `nfsstat` that lacks the NFSv4.2 names (`copy`,
+//! `offload_cancel`, `copy_notify`, the xattr operations) shows neither those counters nor
+//! their calls in its `total`; they are sent here all the same, since the kernel counts
+//! them, so `nfs4_total` can be larger than such an `nfsstat`'s by those calls.
 
 use alloc::format;
 use alloc::string::String;

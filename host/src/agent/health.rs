@@ -67,8 +67,27 @@ impl Loops {
 pub(crate) struct Assignment {
     /// The SHA-256 the fleet names.
     pub sha256: String,
+    /// Where that version is on its way to running.
+    pub stage: AssignmentStage,
     /// Why that version does not run (`None` once it runs).
     pub problem: Option<String>,
+}
+
+/// Where a version the fleet names is on its way to running. The fleet hears of each
+/// differently: a version being fetched or started is still starting, and only a download
+/// that failed (and has not since been retried successfully) is `download-failed`; a staged
+/// rollout counts that as a failure of the version, so a healthy version reported failed
+/// while it downloads would pause or roll back its own rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AssignmentStage {
+    /// Being downloaded, compiled or started.
+    Pending,
+    /// Runs.
+    Running,
+    /// Its download failed; it is tried again at the next configuration poll.
+    DownloadFailed,
+    /// It was fetched but does not start (compile, link, instantiate or `init` failed).
+    StartFailed,
 }
 
 /// The fleet's plugins by name, kept by the rollout.

@@ -12,7 +12,7 @@ use ccfleet::wire::{AgentReport, PluginHealth, ReportedPlugin};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::health::Assignments;
+use super::health::{AssignmentStage, Assignments};
 use super::observe::{ConfigState, ObservedPlugin};
 use crate::plugin::grid::GridTimer;
 use crate::plugin::{PluginState, PluginStatus};
@@ -71,11 +71,21 @@ pub(crate) fn build(
             report.plugins.push(ReportedPlugin {
                 name: name.clone(),
                 sha256: Some(assignment.sha256.clone()),
-                health: PluginHealth::DownloadFailed,
+                health: assigned_health(assignment.stage),
             });
         }
     }
     report
+}
+
+/// How a version the fleet names but that does not run fares, as the fleet hears it.
+fn assigned_health(stage: AssignmentStage) -> PluginHealth {
+    match stage {
+        AssignmentStage::Pending => PluginHealth::Starting,
+        AssignmentStage::Running => PluginHealth::Running,
+        AssignmentStage::DownloadFailed => PluginHealth::DownloadFailed,
+        AssignmentStage::StartFailed => PluginHealth::LoadFailed,
+    }
 }
 
 /// Keeps the client's report up to date (a forwarder: aborted when the agent stops).
@@ -118,6 +128,42 @@ mod tests {
             }),
             proven,
         }
+    }
+
+    fn assigned(stage: AssignmentStage, problem: Option<&str>) -> PluginHealth {
+        let assignments: Assignments = Default::default();
+        assignments.lock().unwrap().insert(
+            "load".to_owned(),
+            super::super::health::Assignment {
+                sha256: "ab".repeat(32),
+                stage,
+                problem: problem.map(str::to_owned),
+            },
+        );
+        let config = ConfigState::default();
+        let report = build(&RwLock::new(Vec::new()), Some(&assignments), &config);
+        assert_eq!(report.plugins.len(), 1, "{report:?}");
+        assert_eq!(report.plugins[0].sha256.as_deref(), Some(&*"ab".repeat(32)));
+        report.plugins[0].health
+    }
+
+    #[test]
+    fn a_version_being_downloaded_is_starting_not_failed() {
+        assert_eq!(
+            assigned(
+                AssignmentStage::Pending,
+                Some("being downloaded and started")
+            ),
+            PluginHealth::Starting
+        );
+        assert_eq!(
+            assigned(AssignmentStage::DownloadFailed, Some("download failed: 503")),
+            PluginHealth::DownloadFailed
+        );
+        assert_eq!(
+            assigned(AssignmentStage::StartFailed, Some("it does not start")),
+            PluginHealth::LoadFailed
+        );
     }
 
     #[test]

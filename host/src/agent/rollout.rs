@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::health::{Assignment, Assignments};
+use super::health::{Assignment, AssignmentStage, Assignments};
 use super::observe::ObservedPlugin;
 use crate::plugin::sink::SinkHandle;
 use crate::{FeedSenders, PluginHandle, PluginSpec, PluginState, Runtime};
@@ -338,8 +338,8 @@ impl Rollout {
         *counts.entry((name.to_owned(), result)).or_default() += 1;
     }
 
-    /// Records whether the version of `name` the fleet names runs (`problem: None`).
-    fn assign(&self, name: &str, sha256: &str, problem: Option<String>) {
+    /// Records where the version of `name` the fleet names is, and why it does not run.
+    fn assign(&self, name: &str, sha256: &str, stage: AssignmentStage, problem: Option<String>) {
         self.assignments
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -347,9 +347,31 @@ impl Rollout {
                 name.to_owned(),
                 Assignment {
                     sha256: sha256.to_owned(),
+                    stage,
                     problem,
                 },
             );
+    }
+
+    /// Records that the version of `name` is being downloaded and started. A version whose
+    /// download failed stays failed while it is tried again: it flips to starting only on
+    /// its way to running, never back and forth with every retry.
+    fn assign_pending(&self, name: &str, sha256: &str) {
+        let mut assignments = self.assignments.lock().unwrap_or_else(|e| e.into_inner());
+        if assignments
+            .get(name)
+            .is_some_and(|a| a.sha256 == sha256 && a.stage == AssignmentStage::DownloadFailed)
+        {
+            return;
+        }
+        assignments.insert(
+            name.to_owned(),
+            Assignment {
+                sha256: sha256.to_owned(),
+                stage: AssignmentStage::Pending,
+                problem: Some("being downloaded and started".to_owned()),
+            },
+        );
     }
 
     fn publish(&self, running: &BTreeMap<String, Running>) {
@@ -464,24 +486,25 @@ impl Rollout {
                 continue;
             }
             if running.get(&name).is_some_and(|r| r.wanted == want) {
-                self.assign(&name, &want.sha256, None);
+                self.assign(&name, &want.sha256, AssignmentStage::Running, None);
                 continue;
             }
             if failed.get(&name) == Some(&want) {
                 continue;
             }
-            self.assign(
-                &name,
-                &want.sha256,
-                Some("being downloaded and started".to_owned()),
-            );
+            self.assign_pending(&name, &want.sha256);
             let previous = running.get(&name).map(|r| r.wanted.sha256.clone());
             let keeping = previous
                 .as_deref()
                 .map_or_else(|| "nothing runs".to_owned(), |s| format!("keeping {s}"));
             if let Err(error) = self.fetcher.fetch(&want.sha256).await {
                 tracing::warn!(plugin = %shown, sha256 = %want.sha256, "cannot roll out the plugin ({keeping}): {error}");
-                self.assign(&name, &want.sha256, Some(format!("{error} ({keeping})")));
+                self.assign(
+                    &name,
+                    &want.sha256,
+                    AssignmentStage::DownloadFailed,
+                    Some(format!("{error} ({keeping})")),
+                );
                 self.count(&name, error.result());
                 retry = true;
                 continue;
@@ -489,7 +512,7 @@ impl Rollout {
             match self.start(&want).await {
                 Ok(handle) => {
                     tracing::info!(plugin = %shown, sha256 = %want.sha256, previous = previous.as_deref().unwrap_or("none"), "fleet plugin version running");
-                    self.assign(&name, &want.sha256, None);
+                    self.assign(&name, &want.sha256, AssignmentStage::Running, None);
                     let old = running.insert(
                         name.clone(),
                         Running {
@@ -509,6 +532,7 @@ impl Rollout {
                     self.assign(
                         &name,
                         &want.sha256,
+                        AssignmentStage::StartFailed,
                         Some(format!("it does not start ({keeping}): {why}")),
                     );
                     self.count(&name, "instantiate_failed");

@@ -205,6 +205,13 @@ fn check_rollouts(
                 .map(|c| format!(" in cluster {c}"))
                 .unwrap_or_default()
         ));
+        for (i, stage) in definition.stages.iter().enumerate() {
+            report.notes.push(format!(
+                "rollout {} stage {i}: {}",
+                definition.name,
+                stage.describe()
+            ));
+        }
     }
 }
 

@@ -22,6 +22,14 @@ pub enum Mode {
     Answer(u16),
     /// Accept and hold the connection without ever answering.
     Stall,
+    /// Forward, holding back every request whose target starts with `path` for `delay`
+    /// (a slow download from an overloaded server).
+    Delay {
+        /// The start of the slow requests' path, e.g. `/api/fleet/plugins/`.
+        path: &'static str,
+        /// How long each of them is held.
+        delay: std::time::Duration,
+    },
 }
 
 /// The running proxy; it stops when dropped.
@@ -106,6 +114,40 @@ async fn serve(
             };
             tokio::select! {
                 _ = tokio::io::copy_bidirectional(&mut socket, &mut server) => {}
+                _ = mode.changed() => {}
+            }
+        }
+        Mode::Delay { path, delay } => {
+            let Ok(server) = TcpStream::connect(upstream).await else {
+                return;
+            };
+            let (mut client_read, mut client_write) = socket.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            let marker = format!(" {path}").into_bytes();
+            let upward = async move {
+                let mut chunk = [0u8; 16 * 1024];
+                loop {
+                    let n = match client_read.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    // A request's line arrives whole in one read on loopback; a request
+                    // for the slow path is held before it reaches the server.
+                    if chunk[..n].windows(marker.len()).any(|w| w == marker) {
+                        tokio::time::sleep(delay).await;
+                    }
+                    if server_write.write_all(&chunk[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = server_write.shutdown().await;
+            };
+            let downward = async move {
+                let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                let _ = client_write.shutdown().await;
+            };
+            tokio::select! {
+                _ = async { tokio::join!(upward, downward) } => {}
                 _ = mode.changed() => {}
             }
         }

@@ -164,11 +164,14 @@ pub(crate) async fn act(
             status: Status::Paused,
             ..current
         },
-        ("resume", Status::Paused) => RolloutState {
-            status: Status::Running,
-            stage_started_at: super::registry::unix_seconds(),
-            ..current
-        },
+        ("resume", Status::Paused) => {
+            let stage = current.stage;
+            RolloutState {
+                status: Status::Running,
+                ..current
+            }
+            .stage_starting(stage, super::state::unix_millis())
+        }
         ("abort", Status::Running | Status::Paused | Status::Completed) => RolloutState {
             status: Status::Aborted,
             ..current

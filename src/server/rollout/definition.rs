@@ -26,8 +26,9 @@
 //!   never moves between stages while the rollout runs.
 //! - Gates, per stage or for all: `min-time` (default `0s`) before it can pass,
 //!   `min-running` (percent of the reporting members reached so far that run the change,
-//!   default 90), `max-failed` (above it the rollout pauses, default 5) and
-//!   `rollback-failed` (above it the change is taken back from every member, default 10).
+//!   default 90), `max-failed` (percent failing above which the rollout pauses, default 5)
+//!   and `rollback-failed` (percent failing above which the change is taken back from every
+//!   member, default 10). All three are percentages of the reporting members, not counts.
 
 use std::time::Duration;
 
@@ -54,6 +55,35 @@ pub struct Stage {
     pub max_failed: f64,
     /// Percent failing above which the rollout is rolled back.
     pub rollback_failed: f64,
+}
+
+impl Stage {
+    /// The stage's reach and gates in words, for `server --check-config`. The failure gates
+    /// are shares of the reporting members, like `min-running`; `"max-failed": 2` reads as
+    /// two members where it means 2 %, so the unit is always spelled out.
+    pub fn describe(&self) -> String {
+        let mut reach = Vec::new();
+        if !self.hosts.is_empty() {
+            reach.push(format!("host(s) {}", self.hosts.join(",")));
+        }
+        if self.share > 0 {
+            reach.push(format!(
+                "{} % of the members",
+                f64::from(self.share) * 100.0 / f64::from(BUCKETS)
+            ));
+        }
+        if reach.is_empty() {
+            reach.push("no members beyond the earlier stages".to_owned());
+        }
+        format!(
+            "{}; passes after min-time {} with min-running {} % of the reporting members running it; pauses when more than max-failed {} % of them fail; rolls back when more than rollback-failed {} % fail",
+            reach.join(" and "),
+            crate::duration::format(self.min_time),
+            self.min_running,
+            self.max_failed,
+            self.rollback_failed
+        )
+    }
 }
 
 /// A parsed rollout.
@@ -108,8 +138,12 @@ fn percent(value: Option<&Value>, key: &str, default: f64) -> Result<f64, String
         None => Ok(default),
         Some(v) => match v.as_f64() {
             Some(p) if (0.0..=100.0).contains(&p) => Ok(p),
-            Some(p) => Err(format!("`{key}` is {p}: a share is 0 to 100 percent")),
-            None => Err(format!("`{key}` must be a number of percent")),
+            Some(p) => Err(format!(
+                "`{key}` is {p}: it is a percentage of the reporting members, 0 to 100"
+            )),
+            None => Err(format!(
+                "`{key}` must be a number: a percentage of the reporting members, 0 to 100"
+            )),
         },
     }
 }
@@ -263,7 +297,7 @@ impl Definition {
             let stage_max = percent(raw.get("max-failed"), "max-failed", max_failed).map_err(at)?;
             if stage_max > stage_rollback {
                 return Err(at(format!(
-                    "`max-failed` {stage_max} is above `rollback-failed` {stage_rollback}: the rollout would roll back before it pauses"
+                    "`max-failed` {stage_max} % is above `rollback-failed` {stage_rollback} %: the rollout would roll back before it pauses (both are percentages of the reporting members)"
                 )));
             }
             stages.push(Stage {
@@ -315,6 +349,28 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_stage_is_described_with_its_failure_gates_as_percentages() {
+        let stage = Stage {
+            hosts: vec!["f0101".to_owned()],
+            share: 1_000,
+            min_time: Duration::from_secs(600),
+            min_running: 95.0,
+            max_failed: 2.0,
+            rollback_failed: 5.0,
+        };
+        let text = stage.describe();
+        for part in [
+            "host(s) f0101 and 10 % of the members",
+            "min-time 10m0s",
+            "min-running 95 %",
+            "more than max-failed 2 % of them fail",
+            "more than rollback-failed 5 % fail",
+        ] {
+            assert!(text.contains(part), "{part:?} in {text}");
+        }
+    }
 
     fn parse(v: Value) -> Result<Definition, String> {
         let Value::Object(m) = v else { panic!() };

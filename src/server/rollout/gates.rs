@@ -12,6 +12,8 @@
 //!
 //! Shares are taken over the reporting members ([`Counts::reporting`]).
 
+use std::time::Duration;
+
 use serde::Serialize;
 
 use super::definition::{Definition, Stage};
@@ -130,8 +132,8 @@ pub enum Verdict {
     RollBack(String),
 }
 
-/// Decides on a stage that has run `elapsed` seconds.
-pub fn decide(stage: &Stage, counts: &Counts, elapsed: i64, status: Status) -> Verdict {
+/// Decides on a stage that has run for `elapsed`.
+pub fn decide(stage: &Stage, counts: &Counts, elapsed: Duration, status: Status) -> Verdict {
     let failed = counts.share(counts.failed);
     let running = counts.share(counts.running);
     let summary = format!(
@@ -153,11 +155,11 @@ pub fn decide(stage: &Stage, counts: &Counts, elapsed: i64, status: Status) -> V
             stage.max_failed
         ));
     }
-    let min_time = i64::try_from(stage.min_time.as_secs()).unwrap_or(i64::MAX);
-    if elapsed >= min_time && counts.reporting > 0 && running >= stage.min_running {
+    if elapsed >= stage.min_time && counts.reporting > 0 && running >= stage.min_running {
         return Verdict::Pass(format!(
-            "{summary}: at least min-running {} % after {elapsed} s",
-            stage.min_running
+            "{summary}: at least min-running {} % after {:.1} s",
+            stage.min_running,
+            elapsed.as_secs_f64()
         ));
     }
     Verdict::Wait
@@ -180,6 +182,10 @@ mod tests {
         }
     }
 
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
     fn counts(running: usize, failed: usize, pending: usize, unknown: usize) -> Counts {
         let mut c = Counts::default();
         (0..running).for_each(|_| c.add(Judgement::Running));
@@ -190,22 +196,38 @@ mod tests {
     }
 
     #[test]
-    fn a_stage_passes_after_its_time_with_enough_running() {
-        let s = stage();
+    fn min_time_is_not_passed_a_moment_early() {
+        let s = Stage {
+            min_time: Duration::from_secs(5),
+            ..stage()
+        };
         assert_eq!(
-            decide(&s, &counts(10, 0, 0, 3), 59, Status::Running),
+            decide(&s, &counts(10, 0, 0, 0), Duration::from_millis(4_999), Status::Running),
             Verdict::Wait
         );
         assert!(matches!(
-            decide(&s, &counts(10, 0, 0, 3), 60, Status::Running),
+            decide(&s, &counts(10, 0, 0, 0), Duration::from_secs(5), Status::Running),
+            Verdict::Pass(_)
+        ));
+    }
+
+    #[test]
+    fn a_stage_passes_after_its_time_with_enough_running() {
+        let s = stage();
+        assert_eq!(
+            decide(&s, &counts(10, 0, 0, 3), secs(59), Status::Running),
+            Verdict::Wait
+        );
+        assert!(matches!(
+            decide(&s, &counts(10, 0, 0, 3), secs(60), Status::Running),
             Verdict::Pass(_)
         ));
         assert_eq!(
-            decide(&s, &counts(8, 0, 2, 0), 600, Status::Running),
+            decide(&s, &counts(8, 0, 2, 0), secs(600), Status::Running),
             Verdict::Wait
         );
         assert_eq!(
-            decide(&s, &counts(0, 0, 0, 5), 600, Status::Running),
+            decide(&s, &counts(0, 0, 0, 5), secs(600), Status::Running),
             Verdict::Wait,
             "members without reports never pass a stage"
         );
@@ -215,23 +237,23 @@ mod tests {
     fn failures_pause_then_roll_back() {
         let s = stage();
         assert!(matches!(
-            decide(&s, &counts(93, 7, 0, 0), 0, Status::Running),
+            decide(&s, &counts(93, 7, 0, 0), secs(0), Status::Running),
             Verdict::Pause(_)
         ));
         assert!(matches!(
-            decide(&s, &counts(8, 2, 0, 0), 0, Status::Running),
+            decide(&s, &counts(8, 2, 0, 0), secs(0), Status::Running),
             Verdict::RollBack(_)
         ));
         assert!(matches!(
-            decide(&s, &counts(8, 2, 0, 0), 0, Status::Paused),
+            decide(&s, &counts(8, 2, 0, 0), secs(0), Status::Paused),
             Verdict::RollBack(_)
         ));
         assert_eq!(
-            decide(&s, &counts(100, 0, 0, 0), 600, Status::Paused),
+            decide(&s, &counts(100, 0, 0, 0), secs(600), Status::Paused),
             Verdict::Wait
         );
         assert_eq!(
-            decide(&s, &counts(95, 5, 0, 50), 0, Status::Running),
+            decide(&s, &counts(95, 5, 0, 50), secs(0), Status::Running),
             Verdict::Wait,
             "unknown members are never counted as failed"
         );

@@ -486,7 +486,7 @@ async fn step(
 ) {
     // An operator's decision taken through another server is saved with a later epoch.
     follow(rollouts, registry, definition).await;
-    let now = registry::unix_seconds();
+    let now = state::unix_millis();
     let state = match rollouts.state(&definition.name) {
         Some(s) if s.digest == definition.digest => s,
         _ => {
@@ -531,7 +531,7 @@ async fn step(
     }
     let counts = counts(rollouts, registry, tree, definition, &state);
     let stage = &definition.stages[state.stage];
-    match gates::decide(stage, &counts, now - state.stage_started_at, state.status) {
+    match gates::decide(stage, &counts, state.stage_elapsed(now), state.status) {
         gates::Verdict::Wait => {}
         gates::Verdict::RollBack(reason) => {
             let next = RolloutState {
@@ -554,11 +554,8 @@ async fn step(
                     ..state
                 }
             } else {
-                RolloutState {
-                    stage: state.stage + 1,
-                    stage_started_at: now,
-                    ..state
-                }
+                let stage = state.stage + 1;
+                state.stage_starting(stage, now)
             };
             decide(rollouts, registry, definition, next, reason).await;
         }
