@@ -320,7 +320,13 @@ async fn a_healthy_version_that_downloads_slowly_never_trips_a_gate() {
             "metrics": {"type": "stdout"}
         });
         let config = AgentConfig::from_json(&config.to_string(), root).unwrap();
-        agents.push(Agent::new(config).unwrap().start().await.expect("agent starts"));
+        agents.push(
+            Agent::new(config)
+                .unwrap()
+                .start()
+                .await
+                .expect("agent starts"),
+        );
     }
     for agent in &agents {
         wait_until("every agent runs hello", async || {
@@ -331,7 +337,8 @@ async fn a_healthy_version_that_downloads_slowly_never_trips_a_gate() {
 
     let strict = |version: &str| {
         let mut change = collector(&sha[version]);
-        change["plugins"][0]["capabilities"] = json!({"read-files": ["/proc/loadavg"]});
+        change["plugins"][0]["capabilities"] =
+            json!({"read-files": ["/proc/loadavg", "/proc/sys/kernel/hostname"]});
         json!({"type": "ccmc", "cluster": "fritz", "change": change,
                "stages": [{"hosts": ["r27n01"], "min-time": "1s"},
                           {"percent": 50, "min-time": "1s"},
@@ -350,7 +357,8 @@ async fn a_healthy_version_that_downloads_slowly_never_trips_a_gate() {
         }
         // Folded into the tree; the next round stages the next version.
         let mut folded = collector(&sha[version]);
-        folded["plugins"][0]["capabilities"] = json!({"read-files": ["/proc/loadavg"]});
+        folded["plugins"][0]["capabilities"] =
+            json!({"read-files": ["/proc/loadavg", "/proc/sys/kernel/hostname"]});
         write(&tree, "ccmc/fritz/defaults.json", &folded);
         std::fs::remove_file(tree.join(format!("rollouts/{name}.json"))).unwrap();
     }

@@ -13,7 +13,7 @@
 //! A server that works but loses heartbeats answers `200` with status `degraded`, the
 //! affected part in `degraded` and the reason in `checks` (both only present then): NATS
 //! dropping heartbeat messages at the subscription (a slow-consumer episode, see
-//! [`SlowConsumer`](super::heartbeats::SlowConsumer)) is not a reason to take the server out
+//! [`SlowConsumer`](super::slow_consumer::SlowConsumer)) is not a reason to take the server out
 //! of a load balancer, but is one to raise a setting or add servers:
 //!
 //! ```text

@@ -23,7 +23,7 @@ pub struct Metrics {
     /// Heartbeat messages dropped because the consumer was overloaded.
     pub heartbeats_dropped: AtomicU64,
     /// The episodes of those drops, for the log and `/healthz`.
-    pub(crate) slow_consumer: super::heartbeats::SlowConsumer,
+    pub(crate) slow_consumer: super::slow_consumer::SlowConsumer,
     /// Whether the configuration tree's rescans work (reported by `/healthz`).
     pub(crate) rescan: super::rescan::RescanStatus,
     /// Lines skipped as not meant for the fleet (other measurements, non-events).

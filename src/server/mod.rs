@@ -38,6 +38,7 @@ pub mod registry;
 mod rescan;
 pub mod rollout;
 pub mod roster;
+mod slow_consumer;
 pub mod status;
 
 use std::net::SocketAddr;

@@ -157,7 +157,10 @@ mod tests {
             PluginHealth::Starting
         );
         assert_eq!(
-            assigned(AssignmentStage::DownloadFailed, Some("download failed: 503")),
+            assigned(
+                AssignmentStage::DownloadFailed,
+                Some("download failed: 503")
+            ),
             PluginHealth::DownloadFailed
         );
         assert_eq!(

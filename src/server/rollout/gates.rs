@@ -202,11 +202,21 @@ mod tests {
             ..stage()
         };
         assert_eq!(
-            decide(&s, &counts(10, 0, 0, 0), Duration::from_millis(4_999), Status::Running),
+            decide(
+                &s,
+                &counts(10, 0, 0, 0),
+                Duration::from_millis(4_999),
+                Status::Running
+            ),
             Verdict::Wait
         );
         assert!(matches!(
-            decide(&s, &counts(10, 0, 0, 0), Duration::from_secs(5), Status::Running),
+            decide(
+                &s,
+                &counts(10, 0, 0, 0),
+                Duration::from_secs(5),
+                Status::Running
+            ),
             Verdict::Pass(_)
         ));
     }
