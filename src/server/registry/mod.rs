@@ -27,6 +27,8 @@ pub mod jetstream;
 pub mod lock;
 mod shared;
 mod sqlite;
+#[cfg(test)]
+mod sqlite_degraded_tests;
 mod sqlite_last_seen;
 mod sqlite_open;
 mod store;

@@ -130,6 +130,18 @@ impl SqliteStore {
         Ok(out)
     }
 
+    /// A store over a file's connection opened by [`sqlite_open::connect`], with the
+    /// schema change that could not be written (tests make the disk full for SQLite).
+    #[cfg(test)]
+    pub(super) fn opened(conn: Connection, pending: Option<String>) -> SqliteStore {
+        SqliteStore {
+            conn,
+            file: true,
+            pending,
+            exclusive: false,
+        }
+    }
+
     /// Runs a statement on the connection (tests use it to break or inspect the database).
     #[cfg(test)]
     pub(super) fn connection(&self) -> &Connection {
@@ -950,80 +962,6 @@ mod tests {
                 .any(|name| name.starts_with("sqlite_autoindex_service")),
             "{indexes:?}"
         );
-    }
-
-    #[test]
-    fn a_schema_change_that_cannot_be_written_leaves_the_file_served_and_is_written_with_space() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("fleet.sqlite");
-        let id = "0123456789abcdef0123456789abcdef";
-        {
-            // A file from before the tables of ccfleet's own, with a dropped index.
-            let conn = Connection::open(&path).unwrap();
-            conn.execute_batch(
-                "PRAGMA journal_mode = WAL; \
-                 CREATE TABLE service (id INTEGER PRIMARY KEY, cluster TEXT NOT NULL, \
-                 hostname TEXT NOT NULL, service_type TEXT NOT NULL, instance_id TEXT NOT NULL, \
-                 scope TEXT NOT NULL DEFAULT 'cluster', state TEXT NOT NULL DEFAULT 'pending', \
-                 registered_at INTEGER NOT NULL, last_heartbeat INTEGER, \
-                 config_revision INTEGER NOT NULL DEFAULT 0, meta_data TEXT, \
-                 UNIQUE (cluster, hostname, service_type)); \
-                 CREATE INDEX services_cluster ON service (cluster);",
-            )
-            .unwrap();
-            conn.execute(
-                "INSERT INTO service (cluster, hostname, service_type, instance_id, state, \
-                 registered_at, last_heartbeat) VALUES ('c', 'h', 'ccmc', ?1, 'active', 10, 20)",
-                [id],
-            )
-            .unwrap();
-        }
-        // A full disk, as SQLite sees it: the file may not grow by a page.
-        let conn = sqlite_open::connect(&path, false).unwrap();
-        let pages: i64 = conn
-            .query_row("PRAGMA page_count", [], |row| row.get(0))
-            .unwrap();
-        conn.pragma_update(None, "max_page_count", pages).unwrap();
-        let pending = sqlite_open::bring_up_if_needed(&conn, true).unwrap();
-        assert!(
-            pending.as_deref().is_some_and(|e| e.contains("full")),
-            "{pending:?}"
-        );
-        let mut store = SqliteStore {
-            conn,
-            file: true,
-            pending,
-            exclusive: false,
-        };
-        let loaded = store.load().unwrap();
-        assert_eq!(loaded.len(), 1);
-        assert_eq!(loaded[0].instance, parse_instance_id(id).unwrap());
-        assert_eq!(loaded[0].service.last_heartbeat, Some(20));
-        assert_eq!(store.get_state("rollout").unwrap(), None);
-        let degraded = store.degraded().expect("a schema change waits");
-        assert!(
-            degraded.contains("schema change waits for space"),
-            "{degraded}"
-        );
-        // Every write tries the change first, and fails while there is no space.
-        let error = store.probe().unwrap_err();
-        assert!(error.to_string().contains("full"), "{error}");
-        assert!(store.degraded().is_some());
-
-        store
-            .connection()
-            .pragma_update(None, "max_page_count", 1 << 30)
-            .unwrap();
-        store.probe().unwrap();
-        assert_eq!(store.degraded(), None);
-        store.put_state("rollout", b"{}").unwrap();
-        assert_eq!(store.get_state("rollout").unwrap(), Some(b"{}".to_vec()));
-        store.last_seen(&[(loaded[0].key, 30)]).unwrap();
-        drop(store);
-        let mut reopened = SqliteStore::open(Some(&path)).unwrap();
-        assert_eq!(reopened.degraded(), None);
-        assert_eq!(reopened.load().unwrap()[0].service.last_heartbeat, Some(30));
-        assert!(!service_indexes(reopened.connection()).contains(&"services_cluster".to_owned()));
     }
 
     #[test]
