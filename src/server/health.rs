@@ -21,7 +21,9 @@
 //! ```
 //!
 //! A configuration tree whose latest rescan failed, or whose rescan hangs, degrades the
-//! server the same way (`config-tree`): it serves the previous generation meanwhile.
+//! server the same way (`config-tree`): it serves the previous generation meanwhile. So does
+//! a registry that started on a full disk and serves what its file holds while something
+//! it needs waits for space (`registry`, see [`Registry::degraded`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,6 +82,10 @@ struct Checks {
     /// serves the previous generation.
     #[serde(rename = "config-tree", skip_serializing_if = "Option::is_none")]
     config_tree: Option<Check>,
+    /// Only while the registry works with less than it should (a schema change waiting
+    /// for space).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    registry: Option<Check>,
 }
 
 impl Report {
@@ -88,6 +94,7 @@ impl Report {
         nats: Option<Check>,
         dropping: Option<String>,
         rescan: Option<String>,
+        registry: Option<String>,
     ) -> Report {
         let mut down = Vec::new();
         if !database.is_ok() {
@@ -109,6 +116,9 @@ impl Report {
         if rescan.is_some() {
             degraded.push("config-tree");
         }
+        if registry.is_some() {
+            degraded.push("registry");
+        }
         Report {
             status: match (down.is_empty(), degraded.is_empty()) {
                 (false, _) => "unavailable",
@@ -122,6 +132,7 @@ impl Report {
                 nats,
                 heartbeats: dropping.map(Check),
                 config_tree: rescan.map(Check),
+                registry: registry.map(Check),
             },
         }
     }
@@ -169,6 +180,7 @@ impl Health {
             nats,
             self.metrics.slow_consumer.status(),
             self.metrics.rescan.problem(std::time::Instant::now()),
+            self.registry.degraded(),
         )
     }
 }
@@ -180,18 +192,19 @@ mod tests {
     #[test]
     fn a_report_names_each_dependency_that_is_down() {
         let json = |r: &Report| serde_json::to_string(r).unwrap();
-        let fine = Report::new(Check::ok(), Some(Check::ok()), None, None);
+        let fine = Report::new(Check::ok(), Some(Check::ok()), None, None, None);
         assert!(fine.healthy());
         assert_eq!(
             json(&fine),
             r#"{"status":"ok","down":[],"checks":{"database":"ok","nats":"ok"}}"#
         );
-        let rest_only = Report::new(Check::ok(), None, None, None);
+        let rest_only = Report::new(Check::ok(), None, None, None, None);
         assert!(rest_only.healthy());
         assert!(json(&rest_only).contains(r#""nats":"not configured""#));
         let both = Report::new(
             Check("writes fail: disk full".into()),
             Some(Check("disconnected".into())),
+            None,
             None,
             None,
         );
@@ -209,6 +222,7 @@ mod tests {
             None,
             None,
             Some("the latest rescan failed, serving the previous generation: x".into()),
+            None,
         );
         assert!(report.healthy());
         let json = serde_json::to_string(&report).unwrap();
@@ -230,6 +244,7 @@ mod tests {
             Some(Check::ok()),
             Some("dropping: at least 3".into()),
             None,
+            None,
         );
         assert!(dropping.healthy());
         assert_eq!(
@@ -241,12 +256,43 @@ mod tests {
             Some(Check("disconnected".into())),
             Some("dropping: at least 3".into()),
             None,
+            None,
         );
         assert!(!and_down.healthy());
         assert!(
             json(&and_down).starts_with(
                 r#"{"status":"unavailable","down":["nats"],"degraded":["heartbeats"]"#
             )
+        );
+    }
+
+    #[test]
+    fn a_registry_waiting_for_space_degrades_the_server_and_says_why() {
+        let report = Report::new(
+            Check("writes fail: database or disk is full".into()),
+            None,
+            None,
+            None,
+            Some("a schema change waits for space".into()),
+        );
+        assert!(!report.healthy());
+        let json = serde_json::to_string(&report).unwrap();
+        assert!(
+            json.starts_with(
+                r#"{"status":"unavailable","down":["database"],"degraded":["registry"]"#
+            ),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#""registry":"a schema change waits for space""#),
+            "{json}"
+        );
+        let reads_only = Report::new(Check::ok(), None, None, None, Some("x".into()));
+        assert!(reads_only.healthy());
+        assert!(
+            serde_json::to_string(&reads_only)
+                .unwrap()
+                .starts_with(r#"{"status":"degraded""#)
         );
     }
 }

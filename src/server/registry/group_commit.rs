@@ -58,6 +58,7 @@ pub(super) fn commit_registrations(shared: &Shared) {
         let group = gather(shared, group, previous, store.group_gather());
         previous = group.len();
         commit_group(shared, store.as_mut(), group);
+        shared.note_degraded(store.as_ref());
     }
 }
 

@@ -39,6 +39,7 @@ impl Registry {
         let mut index = Index::default();
         store.load_each(&mut |s| index.insert(s.key, s.instance, s.service))?;
         index.loaded();
+        let degraded = std::sync::Mutex::new(store.degraded());
         Ok(Registry {
             shared: Arc::new(Shared {
                 store: Mutex::new(Box::new(store)),
@@ -47,6 +48,7 @@ impl Registry {
                 registrations: Mutex::new(RegistrationQueue::default()),
                 gathered: std::sync::Condvar::new(),
                 catch_up: std::sync::OnceLock::new(),
+                degraded,
             }),
         })
     }
@@ -59,7 +61,9 @@ impl Registry {
         let shared = self.shared.clone();
         tokio::task::spawn_blocking(move || {
             let mut store = shared.store.lock().unwrap_or_else(|e| e.into_inner());
-            f(&shared, store.as_mut())
+            let result = f(&shared, store.as_mut());
+            shared.note_degraded(store.as_ref());
+            result
         })
         .await
         .map_err(|_| RegistryError::interrupted())?
@@ -367,6 +371,16 @@ impl Registry {
         self.with_store(|shared, store| shared.writes.record(store.probe()))
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// Why the store works with less than it should ([`RegistryStore::degraded`]), as of
+    /// its latest call; `None` when it lacks nothing. Does not wait for the store.
+    pub fn degraded(&self) -> Option<String> {
+        self.shared
+            .degraded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Instances per state.

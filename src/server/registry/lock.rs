@@ -14,6 +14,12 @@
 //!
 //! The lock file is found through the database's canonical path, so two spellings of one
 //! database (a relative path, a symbolic link) lock the same file.
+//!
+//! Taking the lock needs no free space: the file exists (it is never deleted) or is created
+//! empty, and `flock` writes nothing. The holder's description is written as a best effort:
+//! on a full disk it is not, the server starts all the same, and a second server finds the
+//! holder's process id in the kernel's lock table (`/proc/locks`) instead, where it can see
+//! it (the same host and process namespace).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -35,11 +41,13 @@ pub struct DatabaseLock {
     path: PathBuf,
 }
 
-/// Who holds a lock, as its lock file says.
+/// Who holds a lock, as its lock file or the kernel's lock table says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Holder {
     pid: Option<u32>,
     host: Option<String>,
+    /// The process id comes from the kernel's lock table: the holder could not write it.
+    from_kernel: bool,
 }
 
 impl DatabaseLock {
@@ -88,13 +96,16 @@ impl DatabaseLock {
             }
         }
         let mut lock = DatabaseLock { file, path };
-        lock.write_holder().map_err(|e| {
-            RegistryError::with_source(
-                RegistryErrorKind::Unavailable,
-                format!("cannot write the lock file {}: {e}", lock.path.display()),
-                e,
-            )
-        })?;
+        if let Err(e) = lock.write_holder() {
+            // The lock is held without it; an outage for want of 30 bytes would be worse
+            // than a second server that names the holder less precisely.
+            let _ = lock.file.set_len(0);
+            tracing::warn!(
+                "fleet registry: cannot write this server's process id into the lock file {} \
+                 ({e}); the lock is held all the same",
+                lock.path.display()
+            );
+        }
         Ok(lock)
     }
 
@@ -158,16 +169,64 @@ fn lock_path(db: &Path) -> Result<PathBuf, RegistryError> {
 }
 
 /// What the lock file says about its holder; waits briefly for a holder that has just
-/// taken the lock and not written yet.
+/// taken the lock and not written yet. A file that names no process after that (its holder
+/// could not write it, for want of space) leaves the kernel's lock table to name it.
 fn read_holder(file: &File) -> Holder {
     let deadline = std::time::Instant::now() + HOLDER_WAIT;
     loop {
         let holder = parse_holder(&read_all(file));
-        if holder.pid.is_some() || std::time::Instant::now() >= deadline {
+        if holder.pid.is_some() {
             return holder;
+        }
+        if std::time::Instant::now() >= deadline {
+            let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+            return match file_id(file).and_then(|id| kernel_holder(&locks, id)) {
+                Some(pid) => Holder {
+                    pid: Some(pid),
+                    host: None,
+                    from_kernel: true,
+                },
+                None => holder,
+            };
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The device (major, minor) and inode of an open file, as `/proc/locks` writes them.
+fn file_id(file: &File) -> Option<(u64, u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = file.metadata().ok()?;
+    let dev = meta.dev();
+    // The kernel's encoding of a device number in `st_dev` (glibc's `major`/`minor`).
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    Some((major, minor, meta.ino()))
+}
+
+/// The process holding a `flock` on the file `(major, minor, inode)` in the kernel's lock
+/// table (the text of `/proc/locks`), where the table shows it: lines such as
+/// `1: FLOCK  ADVISORY  WRITE 4711 08:02:1234 0 EOF` (device numbers in hex), and waiters
+/// as `1: -> FLOCK ...`, which are skipped. A process outside this process namespace shows
+/// as 0 or -1 and is not named.
+fn kernel_holder(locks: &str, (major, minor, inode): (u64, u64, u64)) -> Option<u32> {
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [_, "FLOCK", _, _, pid, id, ..] = fields.as_slice() else {
+            return None;
+        };
+        let mut parts = id.split(':');
+        let (Some(ma), Some(mi), Some(ino), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return None;
+        };
+        let same = u64::from_str_radix(ma, 16).ok()? == major
+            && u64::from_str_radix(mi, 16).ok()? == minor
+            && ino.parse::<u64>().ok()? == inode;
+        same.then(|| pid.parse::<u32>().ok().filter(|&pid| pid > 0))
+            .flatten()
+    })
 }
 
 fn read_all(mut file: &File) -> String {
@@ -183,6 +242,7 @@ fn parse_holder(text: &str) -> Holder {
     let mut holder = Holder {
         pid: None,
         host: None,
+        from_kernel: false,
     };
     for line in text.lines() {
         match line.split_once(' ') {
@@ -200,7 +260,10 @@ impl Holder {
     /// "held by process 1234 (ccfleet) on node01", with what is known of it.
     fn describe(&self) -> String {
         let Some(pid) = self.pid else {
-            return "held by a process that did not say which".to_owned();
+            return "held by a process that did not write its id into the lock file (its disk \
+                    may be full) and that this host's lock table does not show (it runs on \
+                    another host or in another container)"
+                .to_owned();
         };
         let mut text = format!("held by process {pid}");
         let here = host_name();
@@ -211,6 +274,12 @@ impl Holder {
         if let Some(host) = &self.host {
             // The file may have been written by anyone who can write the directory.
             text.push_str(&format!(" on {}", Untrusted(host).capped(255)));
+        }
+        if self.from_kernel {
+            text.push_str(
+                ", as the kernel's lock table says: it could not write the lock file (its disk \
+                 may be full)",
+            );
         }
         text
     }
@@ -282,6 +351,38 @@ mod tests {
     }
 
     #[test]
+    fn a_holder_that_could_not_write_the_lock_file_is_named_from_the_kernels_lock_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("fleet.db");
+        let held = DatabaseLock::acquire(&db).unwrap();
+        // What a holder on a full disk leaves: an empty lock file.
+        std::fs::write(held.path(), b"").unwrap();
+        let text = DatabaseLock::acquire(&db).unwrap_err().to_string();
+        assert!(
+            text.contains(&format!("process {}", std::process::id())),
+            "{text}"
+        );
+        assert!(text.contains("kernel's lock table"), "{text}");
+    }
+
+    #[test]
+    fn the_kernels_lock_table_is_read_by_device_and_inode() {
+        let table = "1: FLOCK  ADVISORY  WRITE 77 00:2e:99 0 EOF\n\
+                     1: -> FLOCK  ADVISORY  WRITE 78 00:2e:1234 0 EOF\n\
+                     2: POSIX  ADVISORY  WRITE 79 08:02:1234 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE -1 08:02:555 0 EOF\n\
+                     4: FLOCK  ADVISORY  WRITE 4711 fd:1a:1234 0 EOF\n";
+        assert_eq!(kernel_holder(table, (0xfd, 0x1a, 1234)), Some(4711));
+        assert_eq!(kernel_holder(table, (0, 0x2e, 99)), Some(77));
+        // A waiter, a POSIX lock, a process of another namespace, an unknown file.
+        assert_eq!(kernel_holder(table, (0, 0x2e, 1234)), None);
+        assert_eq!(kernel_holder(table, (8, 2, 1234)), None);
+        assert_eq!(kernel_holder(table, (8, 2, 555)), None);
+        assert_eq!(kernel_holder(table, (1, 1, 1)), None);
+        assert_eq!(kernel_holder("garbage\n1: FLOCK\n", (1, 1, 1)), None);
+    }
+
+    #[test]
     fn holder_text_is_parsed_and_hostile_content_is_escaped() {
         let holder = parse_holder("pid 42\nhost evil\u{1b}[2J\n");
         assert_eq!(holder.pid, Some(42));
@@ -289,6 +390,10 @@ mod tests {
         assert!(shown.contains("process 42"), "{shown}");
         assert!(!shown.contains('\u{1b}'), "{shown}");
         assert_eq!(parse_holder("").pid, None);
-        assert!(parse_holder("garbage").describe().contains("did not say"));
+        assert!(
+            parse_holder("garbage")
+                .describe()
+                .contains("did not write its id")
+        );
     }
 }

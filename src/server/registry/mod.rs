@@ -27,7 +27,10 @@ pub mod jetstream;
 pub mod lock;
 mod shared;
 mod sqlite;
+#[cfg(test)]
+mod sqlite_degraded_tests;
 mod sqlite_last_seen;
+mod sqlite_open;
 mod store;
 #[cfg(test)]
 mod tests;
@@ -37,7 +40,8 @@ mod write_health;
 pub use super::error::{RegistryError, RegistryErrorKind};
 pub use handle::{LAST_SEEN_FLUSH_INTERVAL, Registry};
 pub use lock::DatabaseLock;
-pub use sqlite::{JOURNAL_SIZE_LIMIT, SqliteStore};
+pub use sqlite::SqliteStore;
+pub use sqlite_open::JOURNAL_SIZE_LIMIT;
 pub use store::{CatchUp, RegistryStore};
 pub use types::{
     BatchOutcome, Registered, Registration, Service, State, StateCounts, StoredService, Upserted,

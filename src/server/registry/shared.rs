@@ -17,6 +17,9 @@ pub(super) struct Shared {
     /// Signalled when the queue reaches a gathering committer's `gather_until`.
     pub(super) gathered: std::sync::Condvar,
     pub(super) catch_up: std::sync::OnceLock<CatchUp>,
+    /// The store's [`RegistryStore::degraded`] after its latest call, for health checks
+    /// that must not wait for the store lock.
+    pub(super) degraded: Mutex<Option<String>>,
 }
 
 /// A registration waiting for its group commit, and where its answer goes.
@@ -42,6 +45,11 @@ impl Shared {
 
     pub(super) fn index(&self) -> std::sync::RwLockReadGuard<'_, Index> {
         self.index.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes over what the store says of itself after a call (it holds the store lock).
+    pub(super) fn note_degraded(&self, store: &dyn RegistryStore) {
+        *self.degraded.lock().unwrap_or_else(|e| e.into_inner()) = store.degraded();
     }
 
     pub(super) fn index_mut(&self) -> std::sync::RwLockWriteGuard<'_, Index> {

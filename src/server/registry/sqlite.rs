@@ -7,74 +7,28 @@
 //! failed call is kept. Stepping to completion also lets SQLite's automatic WAL checkpoint
 //! run (its hook fires only when a statement finishes), which together with
 //! `journal_size_limit` keeps the `-wal` file small.
+//!
+//! Opening a file writes nothing when its schema is current ([`sqlite_open`]); a schema
+//! change that could not be written when the file was opened (a full disk) is tried again
+//! before every write, and until it is written the store reports itself degraded.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior, params};
 
+#[cfg(test)]
+use super::sqlite_open::{PAGE_SIZE, SCHEMA};
 use super::{
     Registration, RegistryStore, Service, State, StoredService, Upserted, parse_instance_id,
-    sqlite_last_seen, unix_seconds,
+    sqlite_last_seen, sqlite_open, unix_seconds,
 };
 use crate::server::error::{RegistryError, RegistryErrorKind};
 use crate::wire::{Scope, ServiceType};
 
-/// The page size of new files, bytes.
-const PAGE_SIZE: i64 = 1024;
-/// Frames after which a commit checkpoints the WAL into the database: 4 MiB with 1 KiB
-/// pages, as SQLite's default of 1 000 frames gives with 4 KiB pages.
-const WAL_AUTOCHECKPOINT: i64 = 4000;
-/// The size the WAL file is truncated back to after a checkpoint. The file grows past
-/// `WAL_AUTOCHECKPOINT` frames only by the last transaction, which for a large heartbeat
-/// batch can be tens of MiB; this gives that space back once it is checkpointed.
-pub const JOURNAL_SIZE_LIMIT: i64 = 16 << 20;
 /// Rows per multi-row heartbeat `UPDATE`.
 const UPDATE_CHUNK: usize = 256;
-
-/// cc-backend's `service` table, without its unique index on `instance_id`: ids are random,
-/// so every registration would insert at a random place of that index and rewrite a page
-/// of it (most of the bytes a registration wrote). The server never asks the database for
-/// an id: it loads every row at start and resolves ids in memory, where it also keeps them
-/// unique. Files created with the index keep it (it is only slower). Rows are appended in
-/// key order, and the (cluster, hostname, type) index grows at the end of each cluster
-/// when host names are sequential, as after a cluster reboot.
-///
-/// cc-backend's indexes on `cluster` alone and on `scope` are dropped, in old files too:
-/// the server never reads through them, the unique (cluster, hostname, type) index starts
-/// with the cluster and serves every query the first could, and a scope has two values.
-/// Keeping them cost every group commit a rewrite of one more page per cluster
-/// registering, and each registration two more index entries: about a third of the bytes
-/// a registration storm wrote.
-const SCHEMA: &str = r#"
-CREATE TABLE IF NOT EXISTS "service" (
-    id INTEGER PRIMARY KEY,
-    cluster VARCHAR(255) NOT NULL,
-    hostname VARCHAR(255) NOT NULL,
-    service_type VARCHAR(255) NOT NULL,
-    instance_id VARCHAR(64) NOT NULL,
-    scope VARCHAR(32) NOT NULL DEFAULT 'cluster' CHECK (scope IN ('cluster', 'infra')),
-    state VARCHAR(32) NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'active', 'stale', 'deregistered')),
-    registered_at INTEGER NOT NULL,
-    last_heartbeat INTEGER,
-    config_revision INTEGER NOT NULL DEFAULT 0,
-    meta_data TEXT,
-    UNIQUE (cluster, hostname, service_type)
-);
-DROP INDEX IF EXISTS services_cluster;
-DROP INDEX IF EXISTS services_scope;
-CREATE INDEX IF NOT EXISTS services_state_heartbeat ON service (state, last_heartbeat);
-CREATE TABLE IF NOT EXISTS ccfleet_health (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    probed_at INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS ccfleet_state (
-    name TEXT PRIMARY KEY,
-    value BLOB NOT NULL
-);
-"#;
 
 impl From<rusqlite::Error> for RegistryError {
     fn from(e: rusqlite::Error) -> RegistryError {
@@ -94,6 +48,13 @@ impl From<rusqlite::Error> for RegistryError {
 /// The registry in a SQLite database (a file, or memory for tests and file-less servers).
 pub struct SqliteStore {
     conn: Connection,
+    /// A file, not memory.
+    file: bool,
+    /// Why the schema change the file needs is not written yet (it is tried again before
+    /// every write).
+    pending: Option<String>,
+    /// The `-shm` file could not be created: the connection holds the file exclusively.
+    exclusive: bool,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -104,41 +65,53 @@ impl std::fmt::Debug for SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file `path`, or one in memory when `path` is
-    /// `None`. Blocking.
+    /// `None`. Blocking. A file that can be read opens even on a full disk: see
+    /// [`degraded`](RegistryStore::degraded) for what it then lacks.
     pub fn open(path: Option<&Path>) -> Result<SqliteStore, RegistryError> {
-        let conn = match path {
+        Ok(match path {
             Some(path) => {
-                let conn = Connection::open(path)?;
-                // A new file gets 1 KiB pages: a write touches rows and index entries
-                // scattered over the file (16 clusters registering at once, last-seen
-                // times of every instance), and each touched page goes to the WAL and
-                // again into the file. An existing file keeps its page size.
-                conn.pragma_update(None, "page_size", PAGE_SIZE)?;
-                // WAL lets readers of other tools coexist with our writer. FULL syncs the
-                // WAL at every commit, so an acknowledged change survives a power loss as
-                // well as a crash; group commits share that sync.
-                conn.pragma_update(None, "journal_mode", "WAL")?;
-                conn.pragma_update(None, "synchronous", "FULL")?;
-                // Heartbeats touch every row; keep the table and its indexes in memory
-                // (the value is in KiB when negative).
-                conn.pragma_update(None, "cache_size", -65_536)?;
-                conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT)?;
-                conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)?;
-                conn
+                let opened = sqlite_open::open_file(path)?;
+                SqliteStore {
+                    conn: opened.conn,
+                    file: true,
+                    pending: opened.pending,
+                    exclusive: opened.exclusive,
+                }
             }
-            None => Connection::open_in_memory()?,
-        };
-        conn.busy_timeout(Duration::from_secs(5))?;
-        // cc-backend's `state IN (four values)` CHECK makes SQLite build and drop a
-        // temporary table on every INSERT or UPDATE that sets a state, a tenth of the
-        // database's CPU time in a registration storm. This connection writes only
-        // `State::as_str` and `Scope::as_str` values into the checked columns, so it skips
-        // evaluating the constraints; they stay in the schema for every other writer
-        // (tests check the rows the server writes against them).
-        conn.pragma_update(None, "ignore_check_constraints", true)?;
-        conn.execute_batch(SCHEMA)?;
-        sqlite_last_seen::create_table(&conn)?;
-        Ok(SqliteStore { conn })
+            None => SqliteStore {
+                conn: sqlite_open::open_memory()?,
+                file: false,
+                pending: None,
+                exclusive: false,
+            },
+        })
+    }
+
+    /// Writes the schema change that could not be written so far, if one waits.
+    fn bring_up_pending(&mut self) -> Result<(), RegistryError> {
+        if self.pending.is_none() {
+            return Ok(());
+        }
+        match sqlite_open::bring_up(&self.conn, self.file) {
+            Ok(()) => {
+                tracing::info!("fleet registry: the schema change the database needed is written");
+                self.pending = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.pending = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether the table `name` can be read: always, unless a schema change waits, which
+    /// may be the one that creates it.
+    fn has_table(&self, name: &str) -> Result<bool, RegistryError> {
+        if self.pending.is_none() {
+            return Ok(true);
+        }
+        sqlite_open::table_exists(&self.conn, name)
     }
 
     /// Runs `f` in a transaction and commits it. The transaction takes the write lock at
@@ -148,12 +121,25 @@ impl SqliteStore {
         &mut self,
         f: impl FnOnce(&Transaction<'_>) -> Result<R, RegistryError>,
     ) -> Result<R, RegistryError> {
+        self.bring_up_pending()?;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let out = f(&tx)?;
         tx.commit()?;
         Ok(out)
+    }
+
+    /// A store over a file's connection opened by [`sqlite_open::connect`], with the
+    /// schema change that could not be written (tests make the disk full for SQLite).
+    #[cfg(test)]
+    pub(super) fn opened(conn: Connection, pending: Option<String>) -> SqliteStore {
+        SqliteStore {
+            conn,
+            file: true,
+            pending,
+            exclusive: false,
+        }
     }
 
     /// Runs a statement on the connection (tests use it to break or inspect the database).
@@ -233,7 +219,14 @@ impl RegistryStore for SqliteStore {
 
     fn load_each(&mut self, each: &mut dyn FnMut(StoredService)) -> Result<usize, RegistryError> {
         let mut count = 0;
-        let last_seen = sqlite_last_seen::LastSeen::load(&self.conn)?;
+        if !self.has_table("service")? {
+            return Ok(0);
+        }
+        let last_seen = if self.has_table("ccfleet_last_seen")? {
+            sqlite_last_seen::LastSeen::load(&self.conn)?
+        } else {
+            sqlite_last_seen::LastSeen::default()
+        };
         let mut stmt = self.conn.prepare(
             "SELECT id, cluster, hostname, service_type, instance_id, scope, state, \
              registered_at, last_heartbeat, config_revision, meta_data FROM service",
@@ -418,11 +411,33 @@ impl RegistryStore for SqliteStore {
 
     fn get_state(&mut self, name: &str) -> Result<Option<Vec<u8>>, RegistryError> {
         use rusqlite::OptionalExtension as _;
+        if !self.has_table("ccfleet_state")? {
+            return Ok(None);
+        }
         Ok(self
             .conn
             .prepare_cached("SELECT value FROM ccfleet_state WHERE name = ?1")?
             .query_row(params![name], |row| row.get(0))
             .optional()?)
+    }
+
+    fn degraded(&self) -> Option<String> {
+        let mut reasons = Vec::new();
+        if let Some(e) = &self.pending {
+            reasons.push(format!(
+                "a schema change waits for space (serving what the file holds; it is tried \
+                 again before every write): {e}"
+            ));
+        }
+        if self.exclusive {
+            reasons.push(
+                "the shared-memory index (-shm) could not be created at start: the server \
+                 holds the database exclusively, other programs cannot read it until it \
+                 restarts with space free"
+                    .to_owned(),
+            );
+        }
+        (!reasons.is_empty()).then(|| reasons.join("; "))
     }
 
     fn probe(&mut self) -> Result<(), RegistryError> {

@@ -43,6 +43,12 @@ BEGIN
 END;
 "#;
 
+/// The objects [`SCHEMA`] creates, as `(type, name)` in `sqlite_master`.
+pub(super) const CREATED: &[(&str, &str)] = &[
+    ("table", "ccfleet_last_seen"),
+    ("trigger", "ccfleet_last_seen_gone"),
+];
+
 fn chunk_of(key: i64) -> i64 {
     key.div_euclid(CHUNK)
 }
@@ -58,7 +64,8 @@ pub(super) fn create_table(conn: &Connection) -> Result<(), RegistryError> {
     Ok(())
 }
 
-/// Every chunk, read once when the registry is loaded.
+/// Every chunk, read once when the registry is loaded (none of a file that lacks the table).
+#[derive(Default)]
 pub(super) struct LastSeen {
     chunks: HashMap<i64, Vec<u8>>,
 }

@@ -64,6 +64,13 @@ pub trait RegistryStore: Send {
     /// Sets the state `stale` on each key.
     fn mark_stale(&mut self, keys: &[i64]) -> Result<(), RegistryError>;
 
+    /// Why the store works with less than it should, if it does (health checks report it
+    /// as degraded): a SQLite file opened on a full disk serves what it holds while a
+    /// schema change waits for space.
+    fn degraded(&self) -> Option<String> {
+        None
+    }
+
     /// A small write that shows whether the store takes writes at all.
     fn probe(&mut self) -> Result<(), RegistryError>;
 
