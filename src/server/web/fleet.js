@@ -26,6 +26,8 @@ let failures = 0;
 let again = false;
 // Counted for the browser test: requests sent.
 window.ccfleetRequests = 0;
+// For the browser test: whether a round runs or is scheduled.
+window.ccfleetBusy = () => running || timer !== null;
 
 function el(tag, text, className) {
   const node = document.createElement(tag);
@@ -366,7 +368,7 @@ function drawInstances(data, v) {
   document.getElementById("next").disabled = last >= data.total;
   let body = box.querySelector("tbody");
   if (!body) {
-    box.replaceChildren(table(["cluster", "type", "host", "state", "last heartbeat",
+    box.replaceChildren(table(["host", "cluster", "type", "state", "last heartbeat",
       "registered", "config revision", "instance", "plugins (reported)", ""], []));
     body = box.querySelector("tbody");
   }
@@ -378,6 +380,8 @@ function drawInstances(data, v) {
       i.instance, i.duplicate, i.plugins]);
     let tr = rowsByKey.get(key);
     if (!tr || tr.dataset.shape !== shape) {
+      // The row drawn before goes; the new one takes its place below.
+      if (tr) tr.remove();
       const heartbeat = el("span", age(i.lastHeartbeat));
       if (i.lastHeartbeat !== null) heartbeat.dataset.since = String(i.lastHeartbeat);
       const registered = el("span", age(i.registeredAt));
@@ -421,9 +425,8 @@ function drawRosters(data) {
   const box = document.getElementById("rosters");
   box.replaceChildren();
   if (!data.publishesRosters) {
-    box.appendChild(el("p", "This server has no NATS connection: rosters are not published " +
-      "(agents find their providers by other discovery).", "hint"));
-    return;
+    box.appendChild(el("p", "This server has no NATS connection: rosters are not published. " +
+      "What it would send:", "hint no-nats"));
   }
   if (data.rosters.length === 0) {
     box.appendChild(el("p", "No roster is published: no member is active.", "hint"));
