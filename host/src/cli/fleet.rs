@@ -228,11 +228,14 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
     };
     // The summary when asked for, or when a table of everything would be too long to read.
     let mut summarise = args.summary;
-    if !summarise && !args.all && !args.json && !filtered(&args) {
-        if let Some(answer) = fetcher.get::<SummaryAnswer>(&summary_url, None).await?.0 {
-            let t = &answer.summary.total;
-            summarise = t.pending + t.active + t.stale > LARGE_FLEET;
-        }
+    if !summarise
+        && !args.all
+        && !args.json
+        && !filtered(&args)
+        && let Some(answer) = fetcher.get::<SummaryAnswer>(&summary_url, None).await?.0
+    {
+        let t = &answer.summary.total;
+        summarise = t.pending + t.active + t.stale > LARGE_FLEET;
     }
     let mut tag: Option<String> = None;
     let mut ticker = tokio::time::interval(args.interval);
