@@ -8,6 +8,7 @@
 //!   receives rosters and deregisters.
 //! - `server` (feature `server`): a cc-backend-compatible fleet service.
 //! - [`untrusted`]: untrusted strings escaped and capped for logs.
+//! - [`hostlist`]: Slurm-style host lists (`f[0101-0188,0201]`): parsed, matched, written.
 //! - [`json_config`]: configuration files read so that a mistake names its key and form.
 //! - `discovery` (feature `discovery`): one `Discoverer` over Nomad, Kubernetes, DNS, static,
 //!   local, remote and fleet rosters.
@@ -17,6 +18,7 @@
 extern crate alloc;
 
 pub mod duration;
+pub mod hostlist;
 pub mod json_config;
 pub mod lineproto;
 pub mod secret;

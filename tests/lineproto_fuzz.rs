@@ -54,3 +54,8 @@ fn every_unescaping_implementation_passes_its_fuzz_checks_on_every_seed() {
 fn the_emit_check_passes_its_fuzz_checks_on_every_seed_and_past_failure() {
     replay("emit_check", checks::emit_check);
 }
+
+#[test]
+fn host_lists_pass_their_fuzz_checks_on_every_seed_and_past_failure() {
+    replay("hostlist", checks::hostlist);
+}

@@ -1,7 +1,9 @@
 //! The fleet status page in a real browser: headless Chromium driven over WebDriver
 //! (chromedriver, started here on a free port). A person logs in with a token, sees an
 //! instance appear, turn active, go stale and disappear, and a hostile host name and
-//! roster metadata are shown as text, never as markup.
+//! roster metadata are shown as text, never as markup. Another lists the stale members of
+//! one cluster from the summary, searches a host, opens a shared URL, and the page stops
+//! asking while its tab is hidden.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`scripts/test.sh` installs them);
 //! `CHROMEDRIVER` and `CHROMIUM` name other binaries.
@@ -339,6 +341,15 @@ async fn a_person_logs_in_and_watches_an_instance_come_and_go() {
         204
     );
     wait_for_state(&client, "f0101", Value::Null).await;
+    // Each member is one row, however often its row was redrawn (web1 beats all along).
+    assert_eq!(
+        page_value(
+            &client,
+            "return [...document.querySelectorAll('tr.instance')].filter(r => r.cells[0].textContent === 'web1').length"
+        )
+        .await,
+        json!(1)
+    );
     assert_eq!(
         shown_state(&client, HOSTILE_HOST).await,
         json!("pending"),
@@ -371,6 +382,171 @@ async fn a_person_logs_in_and_watches_an_instance_come_and_go() {
     assert_eq!(status, json!(401));
 
     backend_beats.abort();
+    client.close().await.unwrap();
+    drop(driver);
+    server.shutdown().await.unwrap();
+}
+
+/// The host names the page lists now, in its order.
+async fn shown_hosts(client: &Client) -> Value {
+    page_value(
+        client,
+        "return [...document.querySelectorAll('tr.instance')].map(r => r.cells[0].textContent)",
+    )
+    .await
+}
+
+async fn wait_for_hosts(client: &Client, want: Value) {
+    let what = format!("the page to list {want}");
+    eventually(&what, PATIENCE, || {
+        let want = want.clone();
+        async move { shown_hosts(client).await == want }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_finds_stale_hosts_shares_the_view_and_a_hidden_page_asks_nothing() {
+    let keys = Keypair::generate();
+    let server = start(json!({
+        "jwt-public-key": keys.public_key_base64(),
+        "fleet": {"stale-after": "2s", "sweep-interval": "100ms"}
+    }))
+    .await;
+    let base = server.base_url();
+    let node_token = keys.sign_token("node", &["api"], None);
+    let api = http();
+    // fritz: f0001..f0012, of which f0003, f0004 and f0010 go silent; alex: a1, a2.
+    let mut beating = Vec::new();
+    for (cluster, host) in (1..=12)
+        .map(|n| ("fritz", format!("f{n:04}")))
+        .chain([("alex", "a1".to_owned()), ("alex", "a2".to_owned())])
+    {
+        let response = api
+            .post(format!("{base}/api/fleet/register/cluster/"))
+            .header("X-Auth-Token", &node_token)
+            .body(json!({"cluster": cluster, "hostname": host, "serviceType": "ccmc"}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        let id: Value = response.json().await.unwrap();
+        let id = id["instanceId"].as_str().unwrap().to_owned();
+        let silent = ["f0003", "f0004", "f0010"].contains(&host.as_str());
+        let beat = api
+            .post(format!("{base}/api/fleet/heartbeat/{id}"))
+            .header("X-Auth-Token", &node_token);
+        assert_eq!(
+            beat.try_clone().unwrap().send().await.unwrap().status(),
+            204
+        );
+        if !silent {
+            beating.push(beat);
+        }
+    }
+    let beats = tokio::spawn(async move {
+        loop {
+            for beat in &beating {
+                let _ = beat.try_clone().unwrap().send().await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+
+    let driver = start_driver().await;
+    let profile = tempfile::tempdir().unwrap();
+    let client = browser(&driver, profile.path()).await;
+    client.goto(&format!("{base}/fleet/")).await.unwrap();
+    let admin = keys.sign_token("operator", &["admin"], Some(Duration::from_secs(3600)));
+    submit_login(&client, &admin).await;
+
+    // The summary names the silent hosts as a host list; its stale count of fritz is a link
+    // to exactly those members (one click).
+    eventually("the summary's stale hosts", PATIENCE, || async {
+        page_value(
+            &client,
+            "return document.getElementById('groups').textContent",
+        )
+        .await
+        .as_str()
+        .is_some_and(|t| t.contains("f[0003-0004,0010]"))
+    })
+    .await;
+    client
+        .find(Locator::Css("tr.group[data-cluster='fritz'] a.state-stale"))
+        .await
+        .expect("fritz's stale count as a link")
+        .click()
+        .await
+        .unwrap();
+    wait_for_hosts(&client, json!(["f0003", "f0004", "f0010"])).await;
+    let url = client.current_url().await.unwrap();
+    let query: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+    assert!(
+        query.contains(&("cluster".into(), "fritz".into()))
+            && query.contains(&("state".into(), "stale".into())),
+        "the view is in the URL: {url}"
+    );
+
+    // A search for a name: type it, press Enter.
+    let search = client.find(Locator::Id("f-host")).await.unwrap();
+    search.clear().await.unwrap();
+    search.send_keys("f0010").await.unwrap();
+    search
+        .send_keys(&fantoccini::key::Key::Enter.to_string())
+        .await
+        .unwrap();
+    wait_for_hosts(&client, json!(["f0010"])).await;
+
+    // A shared URL opens the view it names.
+    client
+        .goto(&format!("{base}/fleet/?cluster=alex&state=active"))
+        .await
+        .unwrap();
+    wait_for_hosts(&client, json!(["a1", "a2"])).await;
+    assert_eq!(
+        page_value(&client, "return document.getElementById('f-cluster').value").await,
+        json!("alex")
+    );
+
+    // Hidden, the page asks nothing; shown again, it asks at once.
+    page_value(
+        &client,
+        "Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});
+         Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => 'hidden'});
+         document.dispatchEvent(new Event('visibilitychange'));
+         return true;",
+    )
+    .await;
+    eventually("the round under way to end", PATIENCE, || async {
+        page_value(&client, "return window.ccfleetBusy()").await == json!(false)
+    })
+    .await;
+    let asked = page_value(&client, "return window.ccfleetRequests").await;
+    // Several refresh periods (2 s each) pass without a request.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(
+        page_value(&client, "return window.ccfleetRequests").await,
+        asked,
+        "a hidden page sent requests"
+    );
+    page_value(
+        &client,
+        "Object.defineProperty(document, 'hidden', {configurable: true, get: () => false});
+         Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => 'visible'});
+         document.dispatchEvent(new Event('visibilitychange'));
+         return true;",
+    )
+    .await;
+    eventually("the page to ask again when shown", PATIENCE, || async {
+        page_value(&client, "return window.ccfleetRequests")
+            .await
+            .as_u64()
+            > asked.as_u64()
+    })
+    .await;
+
+    beats.abort();
     client.close().await.unwrap();
     drop(driver);
     server.shutdown().await.unwrap();

@@ -422,3 +422,32 @@ pub fn emit_check(data: &[u8]) {
     assert_eq!(recheck, Ok(points));
     assert_eq!(twice, checked);
 }
+
+/// Any text as a host list (bytes up to the first `\n`) and a name (the rest): parsing never
+/// panics; a list that parses and expands to a few names matches each of them, and the names
+/// written back by `compress` parse, expand to the same set and match each name.
+pub fn hostlist(data: &[u8]) {
+    use ccfleet::hostlist::{HostList, compress};
+    let text = String::from_utf8_lossy(data);
+    let (expression, name) = text.split_once('\n').unwrap_or((&text, ""));
+    let Ok(list) = HostList::parse(expression) else {
+        return;
+    };
+    let _ = list.matches(name);
+    let Ok(mut names) = list.expand(256) else {
+        return;
+    };
+    for n in &names {
+        assert!(
+            list.matches(n),
+            "{expression:?} does not match its own {n:?}"
+        );
+    }
+    let written = compress(names.iter().map(String::as_str));
+    let back = HostList::parse(&written).expect("compress writes a host list");
+    let mut again = back.expand(256).expect("as many names as went in");
+    names.sort();
+    names.dedup();
+    again.sort();
+    assert_eq!(again, names, "{expression:?} written as {written:?}");
+}

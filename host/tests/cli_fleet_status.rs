@@ -264,3 +264,71 @@ async fn watch_prints_the_status_again_on_each_interval() {
     child.kill().await.unwrap();
     fleet.server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_fleet_shows_its_summary_and_filters_find_hosts() {
+    let fleet = Fleet::start().await;
+    // 201 members: more than a table anyone reads. f0001..f0200 pending, f0201 active.
+    for n in 1..=200 {
+        fleet.register("fritz", &format!("f{n:04}"), false).await;
+    }
+    fleet.register("fritz", "f0201", true).await;
+    let url = fleet.server.base_url();
+    let admin = fleet.keys.sign_token("operator", &["admin"], None);
+    let run = |args: Vec<&str>| {
+        let mut all = vec!["fleet", "status", "--url", url.as_str()];
+        all.extend(args);
+        let mut cmd = ccfleet(&all);
+        cmd.env("CC_FLEET_TOKEN", &admin);
+        async move {
+            let out = cmd.output().await.unwrap();
+            let stdout = text(&out.stdout);
+            assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+            stdout
+        }
+    };
+
+    // No filter: the summary, with the pending hosts as a host list.
+    let summary = run(vec![]).await;
+    assert_eq!(
+        summary,
+        "201 members: 1 active, 200 pending\nfritz / ccmc: 1 active, 200 pending\n  pending   f[0001-0200]\n"
+    );
+    // --all lists them anyway; a filter lists what it names.
+    assert_eq!(
+        run(vec!["--all"])
+            .await
+            .lines()
+            .filter(|l| l.contains(" pending "))
+            .count(),
+        200
+    );
+    let listed = run(vec!["--host", "f[0002-0003,0201]"]).await;
+    let hosts: Vec<&str> = listed
+        .lines()
+        .skip(2)
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(hosts, ["f0002", "f0003", "f0201"], "{listed}");
+    let one = run(vec!["--cluster", "fritz", "--state", "active"]).await;
+    assert!(one.starts_with("fritz / ccmc: 1 active\n"), "{one}");
+    // The summary of a filter, as JSON.
+    let json_summary: Value =
+        serde_json::from_str(&run(vec!["--summary", "--json", "--host", "f02*"]).await).unwrap();
+    assert_eq!(json_summary["total"]["active"], 1);
+    assert_eq!(json_summary["total"]["pending"], 1);
+    assert_eq!(json_summary["groups"][0]["hosts"]["pending"], "f0200");
+
+    // A malformed host list is refused before any request.
+    let out = ccfleet(&["fleet", "status", "--url", &url, "--host", "f[1-"])
+        .output()
+        .await
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("without its ']'"),
+        "{}",
+        text(&out.stderr)
+    );
+    fleet.server.shutdown().await.unwrap();
+}

@@ -594,11 +594,18 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         plugins,
         duplicates: duplicates.clone(),
         rollouts,
-        status: Arc::new(status::Status::new(
-            &fleet.discovery_subject_prefix,
-            fleet.stale_after,
-            TrustedProxies::new(&config.trusted_proxies)?,
-        )),
+        status: Arc::new({
+            let status = status::Status::new(
+                &fleet.discovery_subject_prefix,
+                fleet.stale_after,
+                TrustedProxies::new(&config.trusted_proxies)?,
+            );
+            if nats.is_some() {
+                status
+            } else {
+                status.without_rosters()
+            }
+        }),
     });
     let app = http::harden(app, &config.http, metrics.clone());
     let http = tokio::spawn(http::serve(

@@ -1,6 +1,8 @@
 //! `ccfleet fleet status`: the fleet as a fleet server sees it, from
 //! `GET /api/fleet/instances`, as a table grouped by cluster and service type (or JSON),
-//! once or on an interval.
+//! once or on an interval; or its summary from `GET /api/fleet/summary` (counts per cluster
+//! and type, the unwell hosts as host lists), which is also what a large fleet shows when
+//! no filter is given.
 //!
 //! The token comes from `CC_FLEET_TOKEN` or the file named by `CC_FLEET_TOKEN_FILE`, never
 //! from a flag (a flag shows in process listings); it needs cc-backend's `admin` or
@@ -18,6 +20,10 @@ use serde::{Deserialize, Serialize};
 const ENV_TOKEN: &str = "CC_FLEET_TOKEN";
 /// How much of a name a table cell shows.
 const NAME_CAP: usize = 64;
+/// How much of a host list a summary line shows.
+const HOSTS_CAP: usize = 2000;
+/// A fleet with more members than this shows its summary when no filter is given.
+pub const LARGE_FLEET: u64 = 200;
 
 /// Flags of `ccfleet fleet`.
 #[derive(Debug, clap::Args)]
@@ -52,6 +58,27 @@ pub struct StatusArgs {
     /// Only this host name (repeatable).
     #[arg(long)]
     hostname: Vec<String>,
+    /// Only hosts of this host list or pattern, e.g. 'f[0101-0188,0201]' or 'login*'
+    /// (repeatable).
+    #[arg(long, value_parser = host_list)]
+    host: Vec<String>,
+    /// Only members reporting a plugin whose SHA-256 starts with these hex digits, running
+    /// or failing (repeatable).
+    #[arg(long = "plugin-version", value_name = "SHA256_PREFIX")]
+    plugin_version: Vec<String>,
+    /// Only members reporting a failed plugin.
+    #[arg(long)]
+    failing: bool,
+    /// Only members whose identity another agent claims.
+    #[arg(long)]
+    duplicate: bool,
+    /// Show counts per cluster and type and the unwell hosts as host lists (the default
+    /// for a fleet of more than 200 members when no filter is given).
+    #[arg(long, conflicts_with = "all")]
+    summary: bool,
+    /// List every member even of a large fleet.
+    #[arg(long)]
+    all: bool,
     /// Print the server's JSON instead of a table (with --watch, one document per line).
     #[arg(long)]
     json: bool,
@@ -77,6 +104,24 @@ pub struct Answer {
     pub stale_after_seconds: u64,
     /// The instances.
     pub instances: Vec<Instance>,
+}
+
+/// The answer of `GET /api/fleet/summary`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SummaryAnswer {
+    /// The server's clock (Unix seconds).
+    pub now: i64,
+    /// The summary.
+    #[serde(flatten)]
+    pub summary: ccfleet::server::status::summary::Summary,
+}
+
+/// A `--host` value: a host list or pattern the server will take.
+fn host_list(text: &str) -> Result<String, String> {
+    ccfleet::hostlist::HostList::parse(text)
+        .map(|_| text.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// One instance as the server lists it.
@@ -114,10 +159,27 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-/// The request URL: the base URL, the route and the filters.
+/// Whether any filter is given.
+fn filtered(args: &StatusArgs) -> bool {
+    !(args.cluster.is_empty()
+        && args.service_type.is_empty()
+        && args.state.is_empty()
+        && args.hostname.is_empty()
+        && args.host.is_empty()
+        && args.plugin_version.is_empty()
+        && !args.failing
+        && !args.duplicate)
+}
+
+/// The request URL of the instances: the base URL, the route and the filters.
 fn instances_url(args: &StatusArgs) -> anyhow::Result<reqwest::Url> {
+    route_url(args, "instances")
+}
+
+/// The request URL of `/api/fleet/<route>` with the filters.
+fn route_url(args: &StatusArgs, route: &str) -> anyhow::Result<reqwest::Url> {
     let base = args.url.trim_end_matches('/');
-    let mut url = reqwest::Url::parse(&format!("{base}/api/fleet/instances"))
+    let mut url = reqwest::Url::parse(&format!("{base}/api/fleet/{route}"))
         .with_context(|| format!("--url {:?} is not a URL", args.url))?;
     if !matches!(url.scheme(), "http" | "https") {
         bail!("--url {:?}: the scheme must be http or https", args.url);
@@ -129,9 +191,16 @@ fn instances_url(args: &StatusArgs) -> anyhow::Result<reqwest::Url> {
             ("type", &args.service_type),
             ("state", &args.state),
             ("hostname", &args.hostname),
+            ("host", &args.host),
+            ("version", &args.plugin_version),
         ] {
             for value in values {
                 query.append_pair(key, value);
+            }
+        }
+        for (key, on) in [("failing", args.failing), ("duplicate", args.duplicate)] {
+            if on {
+                query.append_pair(key, "true");
             }
         }
     }
@@ -143,6 +212,7 @@ fn instances_url(args: &StatusArgs) -> anyhow::Result<reqwest::Url> {
 
 async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let url = instances_url(&args)?;
+    let summary_url = route_url(&args, "summary")?;
     let token = ccfleet::secret::from_env(ENV_TOKEN, "").context("reading the token")?;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::builder()
@@ -151,19 +221,60 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
         .context("building the HTTP client")?;
     let colour = std::io::stdout().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    if !args.watch {
-        let answer = fetch(&client, &url, &token, &args.url).await?;
-        return show(&answer, args.json, colour, false);
+    let fetcher = Fetcher {
+        client: &client,
+        token: &token,
+        shown_url: &args.url,
+    };
+    // The summary when asked for, or when a table of everything would be too long to read.
+    let mut summarise = args.summary;
+    if !summarise
+        && !args.all
+        && !args.json
+        && !filtered(&args)
+        && let Some(answer) = fetcher.get::<SummaryAnswer>(&summary_url, None).await?.0
+    {
+        let t = &answer.summary.total;
+        summarise = t.pending + t.active + t.stale > LARGE_FLEET;
     }
+    let mut tag: Option<String> = None;
     let mut ticker = tokio::time::interval(args.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            r = tokio::signal::ctrl_c() => return r.context("waiting for Ctrl-C"),
+        if args.watch {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                r = tokio::signal::ctrl_c() => return r.context("waiting for Ctrl-C"),
+            }
         }
-        match fetch(&client, &url, &token, &args.url).await {
-            Ok(answer) => show(&answer, args.json, colour, true)?,
+        // With --watch an unchanged answer (304) is not printed again.
+        let shown = if summarise {
+            fetcher
+                .get::<SummaryAnswer>(&summary_url, tag.as_deref())
+                .await
+                .and_then(|(answer, t)| {
+                    tag = t;
+                    match answer {
+                        Some(a) => show_summary(&a, args.json, colour, args.watch),
+                        None => Ok(()),
+                    }
+                })
+        } else {
+            fetcher
+                .get::<Answer>(&url, tag.as_deref())
+                .await
+                .and_then(|(answer, t)| {
+                    tag = t;
+                    match answer {
+                        Some(a) => show(&a, args.json, colour, args.watch),
+                        None => Ok(()),
+                    }
+                })
+        };
+        match shown {
+            Ok(()) if !args.watch => return Ok(()),
+            Ok(()) => {}
+            Err(e) if !args.watch => return Err(e),
             // A failed round is reported and the next one tried: a server restart must not
             // end the watch.
             Err(e) => eprintln!("ccfleet: {}", super::one_line(&e)),
@@ -171,29 +282,62 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Asks the server once; an answer other than 200 is an error saying what to fix.
-async fn fetch(
+/// What every request of one run shares.
+struct Fetcher<'a> {
+    client: &'a reqwest::Client,
+    token: &'a str,
+    shown_url: &'a str,
+}
+
+impl Fetcher<'_> {
+    /// Asks `url`, with `If-None-Match: tag` when given: `None` when the server answers
+    /// that nothing changed, and the answer's tag.
+    async fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        url: &reqwest::Url,
+        tag: Option<&str>,
+    ) -> anyhow::Result<(Option<T>, Option<String>)> {
+        fetch(self.client, url, self.token, self.shown_url, tag).await
+    }
+}
+
+/// Asks the server once; an answer other than 200 (or 304 to `tag`) is an error saying
+/// what to fix.
+async fn fetch<T: serde::de::DeserializeOwned>(
     client: &reqwest::Client,
     url: &reqwest::Url,
     token: &str,
     shown_url: &str,
-) -> anyhow::Result<Answer> {
+    tag: Option<&str>,
+) -> anyhow::Result<(Option<T>, Option<String>)> {
     let mut request = client.get(url.clone());
     if !token.is_empty() {
         request = request.header("X-Auth-Token", token);
+    }
+    if let Some(tag) = tag {
+        request = request.header("If-None-Match", tag);
     }
     let response = request
         .send()
         .await
         .with_context(|| format!("asking the fleet server at {shown_url}"))?;
     let status = response.status();
+    let answered_tag = response
+        .headers()
+        .get("etag")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if status == reqwest::StatusCode::NOT_MODIFIED && tag.is_some() {
+        return Ok((None, answered_tag));
+    }
     let body = response
         .bytes()
         .await
         .with_context(|| format!("reading the answer of {shown_url}"))?;
     if status.is_success() {
-        return serde_json::from_slice(&body)
-            .with_context(|| format!("the answer of {shown_url} is not a fleet status"));
+        let answer = serde_json::from_slice(&body)
+            .with_context(|| format!("the answer of {shown_url} is not a fleet status"))?;
+        return Ok((Some(answer), answered_tag));
     }
     // cc-backend's error body: {"status": ..., "error": ...}.
     let reason = serde_json::from_slice::<serde_json::Value>(&body)
@@ -217,7 +361,7 @@ async fn fetch(
 }
 
 fn show(answer: &Answer, json: bool, colour: bool, watching: bool) -> anyhow::Result<()> {
-    let mut text = if json {
+    let text = if json {
         let mut line = if watching {
             serde_json::to_string(answer)?
         } else {
@@ -228,6 +372,95 @@ fn show(answer: &Answer, json: bool, colour: bool, watching: bool) -> anyhow::Re
     } else {
         render(answer, colour)
     };
+    print(text, json, colour, watching)
+}
+
+fn show_summary(
+    answer: &SummaryAnswer,
+    json: bool,
+    colour: bool,
+    watching: bool,
+) -> anyhow::Result<()> {
+    let text = if json {
+        let mut line = if watching {
+            serde_json::to_string(answer)?
+        } else {
+            serde_json::to_string_pretty(answer)?
+        };
+        line.push('\n');
+        line
+    } else {
+        render_summary(answer, colour)
+    };
+    print(text, json, colour, watching)
+}
+
+/// The summary: one line of counts per cluster and type, then its unwell hosts.
+pub fn render_summary(answer: &SummaryAnswer, colour: bool) -> String {
+    let summary = &answer.summary;
+    let t = &summary.total;
+    if summary.groups.is_empty() {
+        return "no instance is registered (or none passes the filters)\n".to_owned();
+    }
+    let counts = |c: &ccfleet::server::status::summary::Counts| {
+        let mut parts: Vec<String> = [
+            ("active", c.active),
+            ("stale", c.stale),
+            ("pending", c.pending),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(s, n)| format!("{n} {}", paint(s, colour)))
+        .collect();
+        for (what, n) in [("failing", c.failing), ("duplicate", c.duplicate)] {
+            if n > 0 {
+                parts.push(format!("{n} {what}"));
+            }
+        }
+        parts.join(", ")
+    };
+    let mut out = format!(
+        "{} members: {}\n",
+        t.active + t.stale + t.pending,
+        counts(t)
+    );
+    for g in &summary.groups {
+        let cluster = if g.cluster.is_empty() {
+            "infra".to_owned()
+        } else {
+            Untrusted(&g.cluster).capped(NAME_CAP).to_string()
+        };
+        out.push_str(&format!(
+            "{cluster} / {}: {}",
+            Untrusted(&g.service_type).capped(NAME_CAP),
+            counts(&g.counts)
+        ));
+        if let Some(since) = g.oldest_stale_since {
+            out.push_str(&format!(
+                " (oldest stale: last seen {})",
+                age(answer.now, Some(since))
+            ));
+        }
+        out.push('\n');
+        for (what, hosts) in [
+            ("stale", &g.hosts.stale),
+            ("pending", &g.hosts.pending),
+            ("failing", &g.hosts.failing),
+            ("duplicate", &g.hosts.duplicate),
+        ] {
+            if !hosts.is_empty() {
+                out.push_str(&format!(
+                    "  {what:<9} {}\n",
+                    Untrusted(hosts).capped(HOSTS_CAP)
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Writes a rendered status; with --watch on a terminal in place of the last one.
+fn print(mut text: String, json: bool, colour: bool, watching: bool) -> anyhow::Result<()> {
     if watching && !json {
         text = if colour {
             // A terminal shows the latest table in place.
@@ -463,6 +696,12 @@ fritz / ccmc: 1 active, 1 stale
             service_type: vec![],
             state: vec!["active".into(), "stale".into()],
             hostname: vec!["a&b".into()],
+            host: vec!["f[01-02]".into()],
+            plugin_version: vec![],
+            failing: true,
+            duplicate: false,
+            summary: false,
+            all: false,
             json: false,
             watch: false,
             interval: Duration::from_secs(5),
@@ -470,14 +709,22 @@ fritz / ccmc: 1 active, 1 stale
         };
         assert_eq!(
             instances_url(&args).unwrap().as_str(),
-            "http://127.0.0.1:8080/api/fleet/instances?cluster=fritz&state=active&state=stale&hostname=a%26b"
+            "http://127.0.0.1:8080/api/fleet/instances?cluster=fritz&state=active&state=stale&hostname=a%26b&host=f%5B01-02%5D&failing=true"
         );
+        assert!(filtered(&args));
         let bare = StatusArgs {
             cluster: vec![],
             state: vec![],
             hostname: vec![],
+            host: vec![],
+            failing: false,
             ..args
         };
+        assert!(!filtered(&bare));
+        assert_eq!(
+            route_url(&bare, "summary").unwrap().as_str(),
+            "http://127.0.0.1:8080/api/fleet/summary"
+        );
         assert_eq!(
             instances_url(&bare).unwrap().as_str(),
             "http://127.0.0.1:8080/api/fleet/instances"
@@ -487,5 +734,33 @@ fritz / ccmc: 1 active, 1 stale
             ..bare
         };
         assert!(instances_url(&ftp).is_err());
+    }
+
+    #[test]
+    fn the_summary_shows_counts_and_host_lists() {
+        let answer: SummaryAnswer = serde_json::from_value(serde_json::json!({
+            "now": 10_000,
+            "staleAfterSeconds": 90,
+            "total": {"pending": 1, "active": 500, "stale": 3, "duplicate": 0, "failing": 1},
+            "groups": [{
+                "cluster": "fritz", "serviceType": "ccmc",
+                "counts": {"pending": 1, "active": 500, "stale": 3, "duplicate": 0, "failing": 1},
+                "hosts": {"pending": "f0999", "stale": "f[0101-0102,0201]", "duplicate": "",
+                          "failing": "f0300"},
+                "oldestStaleSince": 10_000 - 7_300
+            }]
+        }))
+        .unwrap();
+        assert_eq!(
+            render_summary(&answer, false),
+            "\
+504 members: 500 active, 3 stale, 1 pending, 1 failing
+fritz / ccmc: 500 active, 3 stale, 1 pending, 1 failing (oldest stale: last seen 2 h ago)
+  stale     f[0101-0102,0201]
+  pending   f0999
+  failing   f0300
+"
+        );
+        assert!(host_list("f[1-").unwrap_err().contains("without its ']'"));
     }
 }

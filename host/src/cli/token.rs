@@ -17,7 +17,9 @@ pub struct Args {
     /// The token's subject (user name); not empty.
     #[arg(long, value_parser = parse_sub)]
     sub: String,
-    /// A role to grant (repeatable). The fleet API needs exactly `api`, or `admin` and `api`.
+    /// A role to grant (repeatable). The fleet API needs exactly `api`, or `admin` and `api`;
+    /// the fleet status views (`ccfleet fleet status`, the web page) need `admin` or
+    /// `support`.
     #[arg(long = "role", value_name = "ROLE", default_values_t = vec!["api".to_owned()])]
     roles: Vec<String>,
     /// Lifetime as a Go duration (e.g. 720h); required unless --no-expiry is given.
@@ -84,10 +86,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     let roles: Vec<&str> = args.roles.iter().map(String::as_str).collect();
-    if !ccfleet::server::auth::roles_grant_api(&args.roles) {
-        tracing::warn!(
-            "the roles {roles:?} do not grant access to the fleet API (it needs exactly \"api\", or \"admin\" and \"api\")"
-        );
+    if let Some(warning) = role_warning(&args.roles) {
+        tracing::warn!("{warning}");
     }
     writeln!(
         std::io::stdout(),
@@ -98,9 +98,36 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What a token with `roles` cannot do, when it can use neither the fleet API nor the
+/// status views (a status reader's token, `admin` or `support`, is meant for the views).
+fn role_warning(roles: &[String]) -> Option<String> {
+    if ccfleet::server::auth::roles_grant_api(roles)
+        || ccfleet::server::status::access::roles_grant_status(roles)
+    {
+        return None;
+    }
+    Some(format!(
+        "the roles {roles:?} grant neither the fleet API (it needs exactly \"api\", or \"admin\" and \"api\") nor the fleet status (it needs \"admin\" or \"support\")"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_roles_that_grant_nothing_are_warned_about() {
+        let roles = |r: &[&str]| r.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(role_warning(&roles(&["api"])), None);
+        assert_eq!(
+            role_warning(&roles(&["admin"])),
+            None,
+            "the status views need it"
+        );
+        assert_eq!(role_warning(&roles(&["support"])), None);
+        let warning = role_warning(&roles(&["user"])).unwrap();
+        assert!(warning.contains("neither the fleet API") && warning.contains("\"support\""));
+    }
 
     #[test]
     fn a_public_key_given_as_the_private_key_is_refused() {

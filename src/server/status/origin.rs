@@ -1,5 +1,7 @@
 //! Cross-site request forgery defence of the status page's state-changing requests (login
-//! and logout), on top of the session cookie's `SameSite=Strict`.
+//! and logout). The session cookie is `SameSite=Lax`, so that a link to the page from an
+//! alert or a wiki opens it in the live session; Lax keeps the cookie off cross-site
+//! `POST`s, and this check refuses them besides.
 //!
 //! A `POST` is accepted only when the browser says it comes from this site: its `Origin`
 //! (or, without one, its `Referer`) must name the scheme, host and port the request was

@@ -9,8 +9,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::rejection::FormRejection;
-use axum::extract::{ConnectInfo, Form, State};
+use axum::extract::rejection::{FormRejection, QueryRejection};
+use axum::extract::{ConnectInfo, Form, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -256,10 +256,56 @@ pub(crate) async fn status_json(
 ) -> Response {
     match viewer(&state, &headers) {
         Some(user) => secured(super::json_answer(&super::page_answer(&state, user).await)),
-        None => secured(
-            super::super::api::ApiError::Unauthorized(super::super::auth::AuthError::MissingToken)
-                .into_response(),
-        ),
+        None => no_session(),
+    }
+}
+
+/// The 401 of a data route asked without a live session.
+fn no_session() -> Response {
+    secured(
+        super::super::api::ApiError::Unauthorized(super::super::auth::AuthError::MissingToken)
+            .into_response(),
+    )
+}
+
+/// `GET /fleet/summary.json`: the summary of the members the query names.
+pub(crate) async fn summary_json(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Response {
+    if viewer(&state, &headers).is_none() {
+        return no_session();
+    }
+    match super::parse_query(query) {
+        Ok(query) => secured(super::summary_answer(&state, &headers, &query)),
+        Err(e) => secured(e.into_response()),
+    }
+}
+
+/// `GET /fleet/instances.json`: the page of members the query names.
+pub(crate) async fn instances_json(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Response {
+    if viewer(&state, &headers).is_none() {
+        return no_session();
+    }
+    match super::parse_query(query) {
+        Ok(query) => secured(super::instances_answer(&state, &headers, &query)),
+        Err(e) => secured(e.into_response()),
+    }
+}
+
+/// `GET /fleet/overview.json`: rosters and rollouts.
+pub(crate) async fn overview_json(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Response {
+    match viewer(&state, &headers) {
+        Some(user) => secured(super::overview_answer(&state, &headers, user).await),
+        None => no_session(),
     }
 }
 

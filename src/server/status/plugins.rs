@@ -4,8 +4,8 @@
 //! A revision is derived from the bytes of the merged configuration, so the plugins a
 //! revision names never change: the list is parsed once per revision (at the configuration
 //! pull that served it, or when the status view finds the current tree still resolving to
-//! an instance's revision) and kept in a bounded map. Agents do not report what they run,
-//! so the view says "served", not "running".
+//! an instance's revision) and kept in a bounded map. What the agents report running is
+//! counted beside it ([`super::snapshot::rollouts`]): "served" is what the server sent.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

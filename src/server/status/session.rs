@@ -1,7 +1,7 @@
 //! Browser sessions of the status page.
 //!
 //! A token pasted into the login form is checked once and then forgotten: the browser gets
-//! a random session id in a cookie (`HttpOnly`, `SameSite=Strict`, `Path=/fleet`, `Secure`
+//! a random session id in a cookie (`HttpOnly`, `SameSite=Lax`, `Path=/fleet`, `Secure`
 //! when the request came over TLS), and the server keeps the session: who logged in and
 //! when the session ends. The table holds the SHA-256 of each id, never the id itself, so
 //! nothing in memory can be replayed as a cookie. A session ends after
@@ -142,7 +142,7 @@ impl Sessions {
 pub fn cookie(id: &str, max_age: i64, secure: bool) -> String {
     let secure = if secure { "; Secure" } else { "" };
     format!(
-        "{COOKIE_NAME}={id}; Path={COOKIE_PATH}; Max-Age={}; HttpOnly; SameSite=Strict{secure}",
+        "{COOKIE_NAME}={id}; Path={COOKIE_PATH}; Max-Age={}; HttpOnly; SameSite=Lax{secure}",
         max_age.max(0)
     )
 }
@@ -235,9 +235,9 @@ mod tests {
         let id = "ab".repeat(32);
         assert_eq!(
             cookie(&id, 60, false),
-            format!("ccfleet_session={id}; Path=/fleet; Max-Age=60; HttpOnly; SameSite=Strict")
+            format!("ccfleet_session={id}; Path=/fleet; Max-Age=60; HttpOnly; SameSite=Lax")
         );
-        assert!(cookie(&id, 60, true).ends_with("; SameSite=Strict; Secure"));
+        assert!(cookie(&id, 60, true).ends_with("; SameSite=Lax; Secure"));
         assert!(removal_cookie(false).starts_with("ccfleet_session=; Path=/fleet; Max-Age=0;"));
     }
 

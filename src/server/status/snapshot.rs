@@ -7,6 +7,7 @@
 //! hex digits) leaves the server. Revisions are strings, so no JSON reader rounds them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -14,81 +15,13 @@ use super::super::configtree::ConfigTree;
 use super::super::registry::{State, StoredService};
 use super::super::roster::build_rosters;
 use super::plugins::{PluginRef, RevisionPlugins};
-use crate::untrusted::Untrusted;
-use crate::wire::{Provider, ServiceType};
-
-/// The states the view lists, in lifecycle order.
-pub const LISTED_STATES: [State; 3] = [State::Pending, State::Active, State::Stale];
-
-/// The filter keys `GET /api/fleet/instances` takes.
-pub const FILTER_KEYS: [&str; 4] = ["cluster", "type", "state", "hostname"];
+use super::query::{Facts, LISTED_STATES, Query, Sort};
+use crate::wire::{AgentReport, PluginHealth, Provider, reported_hash};
 
 /// The abbreviation of an instance id the view shows: its first and last four digits.
 pub fn abbreviate_id(id: u128) -> String {
     let full = format!("{id:032x}");
     format!("{}…{}", &full[..4], &full[28..])
-}
-
-/// The filters of `GET /api/fleet/instances`; each holds the values any of which may match
-/// (a key given twice matches either value), an empty one matches everything.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Filters {
-    /// Cluster names (`""` matches the infra members, which have no cluster).
-    pub clusters: Vec<String>,
-    /// Service types.
-    pub types: Vec<ServiceType>,
-    /// States.
-    pub states: Vec<State>,
-    /// Host names, matched exactly.
-    pub hostnames: Vec<String>,
-}
-
-impl Filters {
-    /// Parses query pairs; an unknown key, type or state is an error naming the valid ones.
-    pub fn parse(pairs: &[(String, String)]) -> Result<Filters, String> {
-        let mut filters = Filters::default();
-        for (key, value) in pairs {
-            match key.as_str() {
-                "cluster" => filters.clusters.push(value.clone()),
-                "hostname" => filters.hostnames.push(value.clone()),
-                "type" => filters.types.push(value.parse().map_err(|_| {
-                    let codes: Vec<&str> = ServiceType::ALL.iter().map(|t| t.code()).collect();
-                    format!(
-                        "unknown type \"{}\": expected one of {}",
-                        Untrusted(value).capped(64),
-                        codes.join(", ")
-                    )
-                })?),
-                "state" => filters.states.push(
-                    LISTED_STATES
-                        .into_iter()
-                        .find(|s| s.as_str() == value)
-                        .ok_or_else(|| {
-                            format!(
-                                "unknown state \"{}\": expected pending, active or stale",
-                                Untrusted(value).capped(64)
-                            )
-                        })?,
-                ),
-                other => {
-                    return Err(format!(
-                        "unknown filter \"{}\": expected {}",
-                        Untrusted(other).capped(64),
-                        FILTER_KEYS.join(", ")
-                    ));
-                }
-            }
-        }
-        Ok(filters)
-    }
-
-    fn matches(&self, s: &StoredService) -> bool {
-        let service = &s.service;
-        (self.clusters.is_empty() || self.clusters.contains(&service.cluster))
-            && (self.types.is_empty() || self.types.contains(&service.service_type))
-            && (self.states.is_empty() || self.states.contains(&service.state))
-            && (self.hostnames.is_empty() || self.hostnames.contains(&service.hostname))
-    }
 }
 
 /// One instance as the view shows it.
@@ -115,39 +48,105 @@ pub struct InstanceView {
     pub instance: String,
     /// Whether another agent claims the same identity.
     pub duplicate: bool,
+    /// What the member reports running, per plugin; absent when it sends no reports.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugins: Option<Vec<ReportedView>>,
 }
 
-/// The live instances among `stored` that pass `filters`, ordered by cluster, type and
-/// host name.
+/// One plugin as a member reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportedView {
+    /// The plugin's name in the agent's configuration.
+    pub name: String,
+    /// The first hex digits of the SHA-256 it runs; `null` for a plugin configured by path.
+    pub sha256: Option<String>,
+    /// How it fares: `running`, `starting`, `restarting`, `quarantined`, ...
+    pub health: &'static str,
+}
+
+/// A page of the instances that pass a query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// How many instances pass the filters (on every page).
+    pub total: usize,
+    /// The page.
+    pub instances: Vec<InstanceView>,
+}
+
+/// Where [`Sort::State`] puts a member: what needs attention first.
+fn urgency(s: &StoredService, facts: &Facts) -> u8 {
+    match s.service.state {
+        State::Stale => 0,
+        _ if facts.duplicate => 1,
+        _ if facts.failing() => 2,
+        State::Pending => 3,
+        _ => 4,
+    }
+}
+
+/// The live instances among `stored` that pass `query`'s filters, in its order (by
+/// cluster, type and host name unless it sorts by state), and of those its page.
 pub fn instances(
     stored: &[StoredService],
-    filters: &Filters,
-    is_duplicate: impl Fn(&StoredService) -> bool,
-) -> Vec<InstanceView> {
-    let mut views: Vec<InstanceView> = stored
+    query: &Query,
+    facts: impl Fn(&StoredService) -> Facts,
+) -> Listed {
+    let filters = &query.filters;
+    let mut listed: Vec<(u8, &StoredService, Facts)> = stored
         .iter()
-        .filter(|s| LISTED_STATES.contains(&s.service.state) && filters.matches(s))
-        .map(|s| {
-            let service = &s.service;
-            InstanceView {
-                cluster: service.cluster.clone(),
-                scope: service.scope.as_str(),
-                hostname: service.hostname.clone(),
-                service_type: service.service_type.code(),
-                state: service.state.as_str(),
-                registered_at: service.registered_at,
-                last_heartbeat: service.last_heartbeat,
-                config_revision: (service.config_revision != 0)
-                    .then(|| service.config_revision.to_string()),
-                instance: abbreviate_id(s.instance),
-                duplicate: is_duplicate(s),
-            }
-        })
+        .filter(|s| filters.matches_service(s))
+        .map(|s| (s, facts(s)))
+        .filter(|(_, f)| filters.matches_facts(f))
+        .map(|(s, f)| (urgency(s, &f), s, f))
         .collect();
-    views.sort_by(|a, b| {
-        (&a.cluster, a.service_type, &a.hostname).cmp(&(&b.cluster, b.service_type, &b.hostname))
-    });
-    views
+    let by_name = |s: &StoredService| {
+        let service = &s.service;
+        (
+            service.cluster.clone(),
+            service.service_type.code(),
+            service.hostname.clone(),
+        )
+    };
+    match query.sort {
+        Sort::Name => listed.sort_by_cached_key(|(_, s, _)| by_name(s)),
+        Sort::State => listed.sort_by_cached_key(|(rank, s, _)| (*rank, by_name(s))),
+    }
+    let total = listed.len();
+    let instances = listed
+        .into_iter()
+        .skip(query.offset)
+        .take(query.limit.unwrap_or(usize::MAX))
+        .map(|(_, s, facts)| view(s, &facts))
+        .collect();
+    Listed { total, instances }
+}
+
+fn view(s: &StoredService, facts: &Facts) -> InstanceView {
+    let service = &s.service;
+    InstanceView {
+        cluster: service.cluster.clone(),
+        scope: service.scope.as_str(),
+        hostname: service.hostname.clone(),
+        service_type: service.service_type.code(),
+        state: service.state.as_str(),
+        registered_at: service.registered_at,
+        last_heartbeat: service.last_heartbeat,
+        config_revision: (service.config_revision != 0)
+            .then(|| service.config_revision.to_string()),
+        instance: abbreviate_id(s.instance),
+        duplicate: facts.duplicate,
+        plugins: facts.report.as_ref().map(|r| {
+            r.plugins
+                .iter()
+                .map(|p| ReportedView {
+                    name: p.name.clone(),
+                    sha256: p.sha256.clone(),
+                    health: p.health.as_str(),
+                })
+                .collect()
+        }),
+    }
 }
 
 /// One roster a cluster (or the infra bucket) is sent.
@@ -194,6 +193,13 @@ pub struct VersionView {
     /// Live instances whose configuration in the current tree names it (they get it at
     /// their next pull if they were not served it yet).
     pub named: u64,
+    /// Live instances that report running this component, in any health.
+    pub reporting: u64,
+    /// Of those, the ones that report it running.
+    pub running: u64,
+    /// Of those, the ones that report it failed (restarting, quarantined, not downloaded or
+    /// not loaded).
+    pub failed: u64,
 }
 
 /// One plugin of the configuration tree and its components.
@@ -202,24 +208,41 @@ pub struct VersionView {
 pub struct RolloutView {
     /// The plugin's name.
     pub plugin: String,
-    /// Its components, by SHA-256.
+    /// Its components, by SHA-256: those the configuration tree names or served ones
+    /// (whole), then those only reports name (the first hex digits an agent reports).
     pub versions: Vec<VersionView>,
 }
 
+/// Reports of one component: reporting, running, failed.
+type Reported = (u64, u64, u64);
+
 /// The plugin rollouts over the live instances of `stored`, and how many live instances
 /// were served a configuration this server does not know the plugins of (served by
-/// another server, or before a restart from a tree that has changed since).
+/// another server, or before a restart from a tree that has changed since). `report`
+/// gives what a member last reported running.
 pub fn rollouts(
     stored: &[StoredService],
     tree: Option<&ConfigTree>,
     known: &RevisionPlugins,
+    report: impl Fn(&StoredService) -> Option<Arc<AgentReport>>,
 ) -> (Vec<RolloutView>, u64) {
     let mut counts: BTreeMap<PluginRef, (u64, u64)> = BTreeMap::new();
+    // (name, reported hash) → counts.
+    let mut reported: BTreeMap<(String, String), Reported> = BTreeMap::new();
     let mut unknown = 0;
     for s in stored {
         let service = &s.service;
         if !LISTED_STATES.contains(&service.state) {
             continue;
+        }
+        for plugin in report(s).iter().flat_map(|r| r.plugins.iter()) {
+            let Some(hash) = &plugin.sha256 else { continue };
+            let entry = reported
+                .entry((plugin.name.clone(), hash.clone()))
+                .or_default();
+            entry.0 += 1;
+            entry.1 += u64::from(plugin.health == PluginHealth::Running);
+            entry.2 += u64::from(plugin.health.is_failure());
         }
         let current = tree.and_then(|tree| {
             tree.resolve(
@@ -247,20 +270,46 @@ pub fn rollouts(
         }
     }
     let mut rollouts: Vec<RolloutView> = Vec::new();
+    let mut push = |name: String, version: VersionView| match rollouts.last_mut() {
+        Some(last) if last.plugin == name => last.versions.push(version),
+        _ => rollouts.push(RolloutView {
+            plugin: name,
+            versions: vec![version],
+        }),
+    };
+    let mut only_reported = reported.clone();
     for (plugin, (served, named)) in counts {
+        let key = (plugin.name.clone(), reported_hash(&plugin.sha256));
+        let (reporting, running, failed) = reported.get(&key).copied().unwrap_or_default();
+        only_reported.remove(&key);
         let version = VersionView {
             sha256: plugin.sha256,
             served,
             named,
+            reporting,
+            running,
+            failed,
         };
-        match rollouts.last_mut() {
-            Some(last) if last.plugin == plugin.name => last.versions.push(version),
-            _ => rollouts.push(RolloutView {
-                plugin: plugin.name,
+        push(plugin.name, version);
+    }
+    for ((name, hash), (reporting, running, failed)) in only_reported {
+        let version = VersionView {
+            sha256: hash,
+            served: 0,
+            named: 0,
+            reporting,
+            running,
+            failed,
+        };
+        match rollouts.iter_mut().find(|r| r.plugin == name) {
+            Some(r) => r.versions.push(version),
+            None => rollouts.push(RolloutView {
+                plugin: name,
                 versions: vec![version],
             }),
         }
     }
+    rollouts.sort_by(|a, b| a.plugin.cmp(&b.plugin));
     (rollouts, unknown)
 }
 
@@ -270,7 +319,7 @@ mod tests {
 
     use super::*;
     use crate::server::registry::Service;
-    use crate::wire::Scope;
+    use crate::wire::{Scope, ServiceType};
 
     fn stored(
         instance: u128,
@@ -310,42 +359,6 @@ mod tests {
     }
 
     #[test]
-    fn filters_parse_and_name_what_is_valid() {
-        let f = Filters::parse(&pairs(&[
-            ("cluster", "fritz"),
-            ("type", "ccmc"),
-            ("state", "stale"),
-            ("state", "active"),
-            ("hostname", "f0101"),
-        ]))
-        .unwrap();
-        assert_eq!(f.types, [ServiceType::MetricCollector]);
-        assert_eq!(f.states, [State::Stale, State::Active]);
-        let e = Filters::parse(&pairs(&[("type", "ccmx")])).unwrap_err();
-        assert!(e.contains("\"ccmx\"") && e.contains("ccmc, ccb"), "{e}");
-        let e = Filters::parse(&pairs(&[("state", "deregistered")])).unwrap_err();
-        assert!(e.contains("pending, active or stale"), "{e}");
-        let e = Filters::parse(&pairs(&[("host", "x")])).unwrap_err();
-        assert!(
-            e.contains("\"host\"") && e.contains("cluster, type, state, hostname"),
-            "{e}"
-        );
-    }
-
-    proptest::proptest! {
-        /// Any query pairs are parsed or refused with a message, never a panic.
-        #[test]
-        fn arbitrary_filters_never_panic(p in proptest::collection::vec(("\\PC{0,12}", "\\PC{0,300}"), 0..6)) {
-            match Filters::parse(&p) {
-                Ok(f) => proptest::prop_assert!(
-                    f.clusters.len() + f.types.len() + f.states.len() + f.hostnames.len() == p.len()
-                ),
-                Err(e) => proptest::prop_assert!(e.len() < 400, "{}", e),
-            }
-        }
-    }
-
-    #[test]
     fn deregistered_instances_are_gone_and_the_rest_is_ordered_and_filtered() {
         let all = vec![
             stored(
@@ -372,21 +385,45 @@ mod tests {
                 State::Deregistered,
             ),
         ];
-        let flags = |_: &StoredService| false;
-        let listed = instances(&all, &Filters::default(), flags);
-        let names: Vec<&str> = listed.iter().map(|v| v.hostname.as_str()).collect();
-        assert_eq!(names, ["a1", "f0", "f1", "f2"]);
-        assert_eq!(listed[2].last_heartbeat, None);
-        assert_eq!(listed[2].config_revision, None);
-
-        let f = Filters::parse(&pairs(&[("cluster", "fritz"), ("type", "ccmc")])).unwrap();
-        let names: Vec<String> = instances(&all, &f, flags)
-            .into_iter()
-            .map(|v| v.hostname)
+        let flags = |_: &StoredService| Facts::default();
+        let listed = instances(&all, &Query::default(), flags);
+        assert_eq!(listed.total, 4);
+        let names: Vec<&str> = listed
+            .instances
+            .iter()
+            .map(|v| v.hostname.as_str())
             .collect();
-        assert_eq!(names, ["f1", "f2"]);
-        let f = Filters::parse(&pairs(&[("hostname", "f1"), ("hostname", "a1")])).unwrap();
-        assert_eq!(instances(&all, &f, flags).len(), 2);
+        assert_eq!(names, ["a1", "f0", "f1", "f2"]);
+        assert_eq!(listed.instances[2].last_heartbeat, None);
+        assert_eq!(listed.instances[2].config_revision, None);
+
+        let names = |q: &[(&str, &str)]| -> Vec<String> {
+            let q = Query::parse(&pairs(q)).unwrap();
+            instances(&all, &q, flags)
+                .instances
+                .into_iter()
+                .map(|v| v.hostname)
+                .collect()
+        };
+        assert_eq!(
+            names(&[("cluster", "fritz"), ("type", "ccmc")]),
+            ["f1", "f2"]
+        );
+        assert_eq!(
+            names(&[("hostname", "f1"), ("hostname", "a1")]),
+            ["a1", "f1"]
+        );
+        assert_eq!(names(&[("host", "f[1-2]")]), ["f1", "f2"]);
+        assert_eq!(names(&[("host", "?0"), ("host", "a*")]), ["a1", "f0"]);
+        // Attention first: stale, then pending, then active; a page of it.
+        assert_eq!(names(&[("sort", "state")]), ["a1", "f1", "f0", "f2"]);
+        assert_eq!(
+            names(&[("sort", "state"), ("offset", "1"), ("limit", "2")]),
+            ["f1", "f0"]
+        );
+        let q = Query::parse(&pairs(&[("offset", "3"), ("limit", "5")])).unwrap();
+        let page = instances(&all, &q, flags);
+        assert_eq!((page.total, page.instances.len()), (4, 1));
     }
 
     #[test]
@@ -407,11 +444,19 @@ mod tests {
                 State::Active,
             ),
         ];
-        let listed = instances(&all, &Filters::default(), |s| s.service.hostname == "f2");
+        let facts = |s: &StoredService| Facts {
+            duplicate: s.service.hostname == "f2",
+            report: None,
+        };
+        let listed = instances(&all, &Query::default(), facts).instances;
         assert_eq!(
             listed.iter().map(|v| v.duplicate).collect::<Vec<_>>(),
             [false, true]
         );
+        let q = Query::parse(&pairs(&[("duplicate", "true")])).unwrap();
+        let listed = instances(&all, &q, facts).instances;
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].hostname, "f2");
     }
 
     #[test]
@@ -424,7 +469,7 @@ mod tests {
             State::Active,
         );
         s.service.config_revision = i64::MAX;
-        let view = &instances(&[s], &Filters::default(), |_| false)[0];
+        let view = &instances(&[s], &Query::default(), |_| Facts::default()).instances[0];
         let json = serde_json::to_value(view).unwrap();
         assert_eq!(
             json,
@@ -434,6 +479,88 @@ mod tests {
                 "configRevision": i64::MAX.to_string(), "instance": "ffff…fffe",
                 "duplicate": false
             })
+        );
+    }
+
+    #[test]
+    fn reports_are_shown_filtered_and_counted_per_component() {
+        let all = vec![
+            stored(
+                1,
+                "fritz",
+                "f1",
+                ServiceType::MetricCollector,
+                State::Active,
+            ),
+            stored(
+                2,
+                "fritz",
+                "f2",
+                ServiceType::MetricCollector,
+                State::Active,
+            ),
+            stored(
+                3,
+                "fritz",
+                "f3",
+                ServiceType::MetricCollector,
+                State::Active,
+            ),
+        ];
+        let report = |s: &StoredService| -> Option<Arc<AgentReport>> {
+            let text = match s.service.hostname.as_str() {
+                "f1" => "applied=1; plugins=load@aaaaaaaaaaaaaaaa:running",
+                "f2" => "applied=1; plugins=load@bbbbbbbbbbbbbbbb:quarantined,own@-:running",
+                _ => return None,
+            };
+            Some(Arc::new(AgentReport::parse(text).unwrap()))
+        };
+        let facts = |s: &StoredService| Facts {
+            duplicate: false,
+            report: report(s),
+        };
+        let listed = instances(&all, &Query::default(), facts).instances;
+        let json = serde_json::to_value(&listed[1]).unwrap();
+        assert_eq!(
+            json["plugins"],
+            serde_json::json!([
+                {"name": "load", "sha256": "bbbbbbbbbbbbbbbb", "health": "quarantined"},
+                {"name": "own", "sha256": null, "health": "running"}
+            ])
+        );
+        assert!(
+            serde_json::to_value(&listed[2])
+                .unwrap()
+                .get("plugins")
+                .is_none()
+        );
+        let names = |q: &[(&str, &str)]| -> Vec<String> {
+            let q = Query::parse(&pairs(q)).unwrap();
+            instances(&all, &q, facts)
+                .instances
+                .into_iter()
+                .map(|v| v.hostname)
+                .collect()
+        };
+        assert_eq!(names(&[("failing", "true")]), ["f2"]);
+        assert_eq!(names(&[("version", "AAAA")]), ["f1"]);
+        assert_eq!(
+            names(&[("version", "aaaa"), ("version", "bbb")]),
+            ["f1", "f2"]
+        );
+        // The failing member sorts before the other active ones.
+        assert_eq!(names(&[("sort", "state")]), ["f2", "f1", "f3"]);
+
+        let (rollouts, _) = rollouts(&all, None, &RevisionPlugins::default(), report);
+        assert_eq!(rollouts.len(), 1, "{rollouts:?}");
+        let counts: Vec<(&str, u64, u64, u64)> = rollouts[0]
+            .versions
+            .iter()
+            .map(|v| (v.sha256.as_str(), v.reporting, v.running, v.failed))
+            .collect();
+        assert_eq!(
+            counts,
+            [("aaaaaaaaaaaaaaaa", 1, 1, 0), ("bbbbbbbbbbbbbbbb", 1, 0, 1)]
         );
     }
 }
