@@ -69,6 +69,8 @@ pub(crate) struct Assignment {
     pub sha256: String,
     /// Why that version does not run (`None` once it runs).
     pub problem: Option<String>,
+    /// Whether it does not run because it asks for more than the node's ceiling.
+    pub refused: bool,
 }
 
 /// The fleet's plugins by name, kept by the rollout.

@@ -71,7 +71,11 @@ pub(crate) fn build(
             report.plugins.push(ReportedPlugin {
                 name: name.clone(),
                 sha256: Some(assignment.sha256.clone()),
-                health: PluginHealth::DownloadFailed,
+                health: if assignment.refused {
+                    PluginHealth::Refused
+                } else {
+                    PluginHealth::DownloadFailed
+                },
             });
         }
     }
