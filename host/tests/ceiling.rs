@@ -13,7 +13,6 @@ mod ceiling_fleet;
 mod guests;
 
 use std::path::Path;
-use std::time::Duration;
 
 use ceiling_fleet::{
     Fleet, Receiver, build_evil_library, marker, metrics_addr, rollouts, wait_for,
@@ -227,7 +226,6 @@ async fn reading_everything_reads_no_secret() {
     let fleet = Fleet::start().await;
     let root = fleet.dir();
     let customcmd = fleet.publish("customcmd");
-    let probe = fleet.publish("hostile-proc-probe");
     let node = root.join("node");
     let password = root.join("nats.password");
     let decoy = marker();
@@ -248,8 +246,6 @@ async fn reading_everything_reads_no_secret() {
     let entries = json!([
         {"name": "custom", "sha256": customcmd, "collect-interval": EVERY,
          "config": {"hostname": "node01", "files": files},
-         "capabilities": {"read-files": ["/**"]}},
-        {"name": "probe", "sha256": probe, "config": {"files": files},
          "capabilities": {"read-files": ["/**"]}},
     ]);
     fleet.serve(entries).await;
@@ -272,7 +268,6 @@ async fn reading_everything_reads_no_secret() {
         json!({"fleet-ceiling": {"read-files": ["/**"]}}),
         &env,
     );
-    agent.wait_for_log("probe done", Duration::from_secs(180));
     wait_for("customcmd's failed rounds", async || {
         agent
             .log()

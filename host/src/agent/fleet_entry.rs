@@ -306,3 +306,164 @@ mod tests {
         }
     }
 }
+
+/// Property: nothing the fleet sends widens a grant past the ceiling.
+#[cfg(test)]
+mod widening {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    const SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+    const PATTERNS: [&str; 12] = [
+        "/**",
+        "/proc/**",
+        "/proc/loadavg",
+        "/proc/*/stat",
+        "/sys/**",
+        "/sys/class/*/temp",
+        "/etc/shadow",
+        "/etc/**",
+        "/home/*/.ssh/id_rsa",
+        "/root/x",
+        "/srv/data/**",
+        "/*",
+    ];
+    const PATHS: [&str; 10] = [
+        "/proc/loadavg",
+        "/proc/1/stat",
+        "/sys/class/hwmon/temp",
+        "/etc/shadow",
+        "/etc/passwd",
+        "/root/x",
+        "/home/a/.ssh/id_rsa",
+        "/srv/data/a/b",
+        "/srv/other",
+        "/proc/sys/kernel/x",
+    ];
+    const DIRS: [&str; 4] = ["/etc", "/srv/data", "/srv/data/a", "/var/lib"];
+
+    fn pick<T: Clone + std::fmt::Debug + 'static>(pool: &'static [T]) -> impl Strategy<Value = T> {
+        proptest::sample::select(pool)
+    }
+
+    fn command() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(json!({})),
+            Just(json!({"path": "/bin/echo", "args": ["node"]})),
+            Just(json!({"path": "/bin/sh", "args": ["-c", "id"], "user": "root"})),
+            Just(json!({"path": "/bin/echo", "args": ["node"], "timeout": "24h"})),
+        ]
+    }
+
+    fn capabilities() -> impl Strategy<Value = Value> {
+        (
+            any::<bool>(),
+            proptest::collection::vec(pick(&DIRS), 0..3),
+            proptest::collection::vec(pick(&PATTERNS), 0..4),
+            proptest::option::of(pick(&["/srv/fixtures", "/"])),
+            any::<bool>(),
+            proptest::collection::btree_map(pick(&["report", "pwn"]), command(), 0..3),
+            any::<bool>(),
+            proptest::option::of(pick(&["/opt/nvml.so", "/tmp/evil.so"])),
+            any::<bool>(),
+        )
+            .prop_map(
+                |(wasi, dirs, files, root, mount, run, nvml, lib, as_list)| {
+                    let mut caps = json!({"wasi": wasi, "read-dirs": dirs, "read-files": files,
+                                      "mount-info": mount, "nvml": nvml});
+                    if as_list {
+                        caps["run"] = json!(run.keys().collect::<Vec<_>>());
+                    } else {
+                        caps["run"] = json!(run);
+                    }
+                    if let Some(root) = root {
+                        caps["files-root"] = json!(root);
+                    }
+                    if let Some(lib) = lib {
+                        caps["nvml-library"] = json!(lib);
+                    }
+                    caps
+                },
+            )
+    }
+
+    fn ceiling() -> impl Strategy<Value = Ceiling> {
+        (capabilities(), 1u32..512, 0usize..4).prop_map(|(mut caps, memory, plugins)| {
+            // A node's commands are definitions, never empty.
+            caps["run"] = json!({"report": {"path": "/bin/echo", "args": ["node"]}});
+            if let Some(o) = caps.as_object_mut() {
+                o.remove("nvml-library");
+                o.insert("limits".into(), json!({"memory-mb": memory}));
+                o.insert("max-plugins".into(), json!(plugins + 1));
+            }
+            serde_json::from_value(caps).unwrap_or_default()
+        })
+    }
+
+    fn entry() -> impl Strategy<Value = Value> {
+        (
+            capabilities(),
+            1u32..2048,
+            proptest::option::of(pick(&["1ms", "50ms", "1s"])),
+            1u32..100_000,
+        )
+            .prop_map(|(caps, memory, every, lines)| {
+                let mut entry = json!({"name": "p", "sha256": SHA, "capabilities": caps,
+                    "limits": {"memory-mb": memory, "log-lines-per-second": lines},
+                    "config": {"x": 1}});
+                if let Some(every) = every {
+                    entry["collect-interval"] = json!(every);
+                }
+                entry
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn nothing_the_fleet_sends_widens_a_grant(entry in entry(), top in ceiling()) {
+            let Ok(Checked::Admitted { spec, .. }) = check(&entry, Path::new("/d"), &top) else {
+                return Ok(());
+            };
+            let caps = &spec.capabilities;
+            let ceiling = &top.capabilities;
+            prop_assert!(!caps.wasi || ceiling.wasi);
+            prop_assert!(!caps.mount_info || ceiling.mount_info);
+            prop_assert!(!caps.nvml || ceiling.nvml);
+            prop_assert_eq!(&caps.files_root, &ceiling.files_root);
+            if caps.nvml {
+                prop_assert_eq!(&caps.nvml_library, &ceiling.nvml_library);
+            } else {
+                prop_assert_eq!(&caps.nvml_library, &None);
+            }
+            for (name, grant) in &caps.run {
+                prop_assert_eq!(Some(grant), ceiling.run.get(name));
+            }
+            for dir in &caps.read_dirs {
+                prop_assert!(ceiling.read_dirs.iter().any(|top| dir.starts_with(top)));
+            }
+            // Every concrete path the plugin may read, the ceiling lets it read.
+            for path in PATHS {
+                let asked = caps.read_files.iter().any(|p| {
+                    crate::plugin::ceiling::pattern_covers(p, path)
+                });
+                if asked {
+                    prop_assert!(ceiling.read_files.iter().any(|p| {
+                        crate::plugin::ceiling::pattern_covers(p, path)
+                    }), "{} reads {}", entry, path);
+                }
+            }
+            for named in &caps.read_files {
+                if crate::plugin::secrets::names_system_secret(named) {
+                    prop_assert!(ceiling.read_files.contains(named));
+                }
+            }
+            prop_assert!(top.admits_limits(&spec.limits).is_ok());
+            prop_assert!(spec.limits.memory_mb <= top.limits.memory_mb);
+            prop_assert!(top.admits_interval(spec.collect_interval).is_ok());
+        }
+    }
+}
