@@ -42,8 +42,8 @@ pub(crate) enum Checked {
         name: String,
         /// Its component's SHA-256.
         sha256: String,
-        /// How it runs.
-        spec: PluginSpec,
+        /// How it runs (boxed: it is most of the entry).
+        spec: Box<PluginSpec>,
     },
     /// Beyond the ceiling: not run.
     Refused {
@@ -123,7 +123,11 @@ pub(crate) fn check(
         capabilities: caps,
     };
     spec.validate().map_err(|e| e.to_string())?;
-    Ok(Checked::Admitted { name, sha256, spec })
+    Ok(Checked::Admitted {
+        name,
+        sha256,
+        spec: Box::new(spec),
+    })
 }
 
 enum Named {
@@ -215,7 +219,7 @@ mod tests {
 
     fn admitted(entry: serde_json::Value) -> PluginSpec {
         match check(&entry, Path::new("/d"), &ceiling()).unwrap() {
-            Checked::Admitted { spec, .. } => spec,
+            Checked::Admitted { spec, .. } => *spec,
             Checked::Refused { escalation, .. } => panic!("refused: {escalation}"),
         }
     }

@@ -94,7 +94,11 @@ fn wanted(
         }
         match checked {
             Checked::Admitted { name, sha256, spec } if i < ceiling.max_plugins => {
-                out.push(Wanted { name, sha256, spec });
+                out.push(Wanted {
+                    name,
+                    sha256,
+                    spec: *spec,
+                });
             }
             Checked::Admitted { name, sha256, .. } => refused.push(Refused {
                 name,
