@@ -263,7 +263,7 @@ async fn reading_everything_reads_no_secret() {
     .await;
     drop(agent);
     // A node that grants the fleet `/**` still keeps its secrets and the agent's.
-    let mut agent = fleet.agent(
+    let agent = fleet.agent(
         &sink,
         json!({"fleet-ceiling": {"read-files": ["/**"]}}),
         &env,
