@@ -255,6 +255,9 @@ async fn one_edit_rolls_a_new_version_out_to_every_agent_and_bad_versions_keep_t
                       "hostname": host, "config-poll-interval": ccfleet::duration::format(POLL)},
             "plugin-cache-dir": compiled,
             "fleet-plugin-dir": root.join(host).join("fleet-plugins"),
+            // The fleet's plugins may read the fixtures, and only under this root.
+            "fleet-ceiling": {"read-files": ["/proc/**", "/sys/**"], "mount-info": true,
+                              "files-root": root.join("fixtures")},
             "metrics-addr": "127.0.0.1:0",
             "sinks": {"store": {"type": "http", "url": store.url(), "flush-delay": "50ms"}}
         });

@@ -142,6 +142,8 @@ async fn a_healthy_version_completes_and_a_trapping_one_is_taken_back_from_the_c
                       "hostname": host, "config-poll-interval": "300ms", "heartbeat-interval": "1s"},
             "plugin-cache-dir": root.join("compiled"),
             "fleet-plugin-dir": root.join(host).join("fleet-plugins"),
+            // The collector's call timeout is above the default ceiling's.
+            "fleet-ceiling": {"limits": {"call-timeout": "30s"}},
             "metrics-addr": "127.0.0.1:0",
             "metrics": {"type": "stdout"}
         });

@@ -43,11 +43,13 @@ pub enum PluginHealth {
     LoadFailed,
     /// Stopped.
     Stopped,
+    /// Not run: it asks for more than the node's ceiling allows the fleet to grant.
+    Refused,
 }
 
 impl PluginHealth {
     /// Every value with its name.
-    pub const ALL: [(PluginHealth, &'static str); 7] = [
+    pub const ALL: [(PluginHealth, &'static str); 8] = [
         (PluginHealth::Starting, "starting"),
         (PluginHealth::Running, "running"),
         (PluginHealth::Restarting, "restarting"),
@@ -55,6 +57,7 @@ impl PluginHealth {
         (PluginHealth::DownloadFailed, "download-failed"),
         (PluginHealth::LoadFailed, "load-failed"),
         (PluginHealth::Stopped, "stopped"),
+        (PluginHealth::Refused, "refused"),
     ];
 
     /// The name used in reports.
@@ -73,6 +76,7 @@ impl PluginHealth {
                 | PluginHealth::Quarantined
                 | PluginHealth::DownloadFailed
                 | PluginHealth::LoadFailed
+                | PluginHealth::Refused
         )
     }
 }

@@ -17,7 +17,8 @@
 //! `cluster` tags of a line are replaced by the agent's. Lines without a `value` field, or
 //! a boolean one, are skipped: they are not metrics. A source that cannot be run or read, or
 //! whose text is not line protocol, fails the round, naming the source and the line, after
-//! the rest were tried: nothing of a half-understood source is sent.
+//! the rest were tried: nothing of a half-understood source is sent. A file's text is never
+//! quoted in the error (a command's line is).
 
 use alloc::borrow::ToOwned;
 use alloc::format;
@@ -107,9 +108,9 @@ impl CommandCollector for Customcmd {
             }
         }
         for path in &self.config.files {
-            let result = files
-                .read(path)
-                .and_then(|text| samples(&text, &mut round).map_err(|e| format!("{path}: {e}")));
+            let result = files.read(path).and_then(|text| {
+                samples(&text, &mut round).map_err(|e| format!("{path}: {}", unquoted(&e)))
+            });
             if let Err(e) = result {
                 errors.push(e);
             }
@@ -122,9 +123,33 @@ impl CommandCollector for Customcmd {
     }
 }
 
+/// A parse error of a file's text without the text: `line N is not line protocol`. A file
+/// may hold what its reader must never pass on (a password file granted by mistake), and the
+/// error goes to the agent's log.
+fn unquoted(error: &str) -> String {
+    match error.split_once(':') {
+        Some((line, _)) if line.starts_with("line ") => {
+            format!("{line} is not line protocol (its text is not shown)")
+        }
+        _ => "the text is not line protocol (it is not shown)".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_error_never_quotes_the_file() {
+        let err = samples(
+            "root:$6$secretsalt$hash:19000:0:99999:7:::\n",
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+        assert!(err.contains("secretsalt"), "{err}");
+        let shown = unquoted(&err);
+        assert_eq!(shown, "line 1 is not line protocol (its text is not shown)");
+    }
 
     #[test]
     fn the_value_field_becomes_the_sample_and_host_tags_are_the_agents() {

@@ -61,6 +61,10 @@ pub struct AgentConfig {
     /// beside the compile cache by default.
     #[serde(default)]
     pub fleet_plugin_dir: Option<PathBuf>,
+    /// The most the fleet may grant its plugins on this node (the node administrator's,
+    /// never the fleet's); the safe default of [`crate::plugin::ceiling`] when absent.
+    #[serde(default)]
+    pub fleet_ceiling: Option<crate::plugin::ceiling::Ceiling>,
     /// Where compiled plugins are cached; the user cache directory by default.
     #[serde(default)]
     pub plugin_cache_dir: Option<PathBuf>,
@@ -149,6 +153,14 @@ impl AgentConfig {
                 )));
             }
         }
+        if let Some(ceiling) = &mut config.fleet_ceiling {
+            ceiling.validate().map_err(AgentError::Config)?;
+            if let Some(root) = &mut ceiling.capabilities.files_root
+                && root.is_relative()
+            {
+                *root = base.join(&*root);
+            }
+        }
         if let Some(addr) = &config.metrics_addr
             && addr.trim().is_empty()
         {
@@ -220,10 +232,12 @@ impl AgentConfig {
         if let Some(token) = token_file.filter(|v| !v.is_empty()) {
             files.push(PathBuf::from(token));
         }
-        if let Some(nats) = &self.nats
-            && !nats.creds_file_path.is_empty()
-        {
-            files.push(PathBuf::from(&nats.creds_file_path));
+        if let Some(nats) = &self.nats {
+            for file in [&nats.creds_file_path, &nats.nkey_seed_file] {
+                if !file.is_empty() {
+                    files.push(PathBuf::from(file));
+                }
+            }
         }
         // cc-metric-store's JWTs.
         files.extend(self.sinks.values().filter_map(|s| s.jwt_file.clone()));
@@ -234,6 +248,21 @@ impl AgentConfig {
         }
         files
     }
+}
+
+/// The secret files the environment names (`env` looks a variable up): the NATS user and
+/// password files (`CC_NATS_USERNAME_FILE`, `CC_NATS_PASSWORD_FILE`) and systemd's
+/// credentials directory (`CREDENTIALS_DIRECTORY`).
+pub fn env_secret_files(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Vec<PathBuf> {
+    let names = [
+        format!("{}_FILE", ccfleet::nats::ENV_NATS_USERNAME),
+        format!("{}_FILE", ccfleet::nats::ENV_NATS_PASSWORD),
+        "CREDENTIALS_DIRECTORY".to_owned(),
+    ];
+    names
+        .iter()
+        .filter_map(|name| env(name).filter(|v| !v.is_empty()).map(PathBuf::from))
+        .collect()
 }
 
 pub use ccfleet::nats::{ConnectionReporter, NatsConfig};
@@ -319,6 +348,35 @@ mod tests {
         assert_eq!(
             config.secret_files(Some("".into()), None),
             [path, PathBuf::from("/etc/cc/nats.creds")]
+        );
+    }
+
+    #[test]
+    fn the_environment_names_the_nats_password_file_and_the_credentials_directory() {
+        let env = |name: &str| match name {
+            "CC_NATS_PASSWORD_FILE" => Some("/run/nats.pw".into()),
+            "CREDENTIALS_DIRECTORY" => Some("/run/credentials/ccfleet.service".into()),
+            "CC_NATS_USERNAME_FILE" => Some("".into()),
+            _ => None,
+        };
+        assert_eq!(
+            env_secret_files(env),
+            [
+                PathBuf::from("/run/nats.pw"),
+                PathBuf::from("/run/credentials/ccfleet.service")
+            ]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let config = AgentConfig::from_json(
+            r#"{"fleet":{"url":"http://h:8080"},
+                "nats":{"address":"nats://n:4222","nkey-seed-file":"/etc/cc/nkey.seed"}}"#,
+            dir.path(),
+        )
+        .unwrap();
+        assert!(
+            config
+                .secret_files(None, None)
+                .contains(&PathBuf::from("/etc/cc/nkey.seed"))
         );
     }
 

@@ -71,6 +71,8 @@ pub(crate) struct Assignment {
     pub stage: AssignmentStage,
     /// Why that version does not run (`None` once it runs).
     pub problem: Option<String>,
+    /// Whether it does not run because it asks for more than the node's ceiling.
+    pub refused: bool,
 }
 
 /// Where a version the fleet names is on its way to running. The fleet hears of each

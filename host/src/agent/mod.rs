@@ -3,6 +3,7 @@
 //! plugins, whose metrics go to NATS (or stdout).
 
 pub mod config;
+mod fleet_entry;
 mod health;
 pub mod import_ccmc;
 mod observe;
@@ -155,11 +156,25 @@ impl Agent {
             .plugin_cache_dir
             .clone()
             .or_else(crate::plugin::default_cache_dir);
+        let mut secret_files = config.secret_files(
+            std::env::var_os(ccfleet::client::config::ENV_TOKEN_FILE),
+            cache_dir.as_deref(),
+        );
+        secret_files.extend(config::env_secret_files(|name| std::env::var_os(name)));
+        if let Some(serde_json::Value::String(cached)) = config.fleet.get("cache-path")
+            && !cached.is_empty()
+        {
+            // The cached fleet configuration: what the fleet sent, kept for the agent alone.
+            secret_files.push(PathBuf::from(cached));
+        }
+        let state_dirs = cache_dir
+            .iter()
+            .cloned()
+            .chain(fleet_plugin_dir(&config))
+            .collect();
         let runtime = Runtime::new(RuntimeOptions {
-            secret_files: config.secret_files(
-                std::env::var_os(ccfleet::client::config::ENV_TOKEN_FILE),
-                cache_dir.as_deref(),
-            ),
+            secret_files,
+            state_dirs,
             cache_dir,
             watch_interval: config.plugin_watch_interval,
             ..RuntimeOptions::default()
@@ -357,8 +372,10 @@ impl Agent {
         let rollout = match fleet_plugin_dir(&config) {
             Some(dir) => {
                 let token = client::Config::from_value(config.fleet.clone())?.resolve_token()?;
+                let ceiling = config.fleet_ceiling.clone().unwrap_or_default();
                 let fetcher =
-                    rollout::Fetcher::new(&fleet_urls, &token, dir).map_err(AgentError::Config)?;
+                    rollout::Fetcher::new(&fleet_urls, &token, dir, ceiling.max_stored_bytes())
+                        .map_err(AgentError::Config)?;
                 let (stop, stopped) = watch::channel(false);
                 let task = rollout::Rollout {
                     runtime: runtime.clone(),
@@ -370,6 +387,7 @@ impl Agent {
                     counts: rollouts.clone(),
                     assignments: assignments.clone(),
                     retry_interval: poll_interval,
+                    ceiling,
                 }
                 .spawn(
                     initial.config.clone(),

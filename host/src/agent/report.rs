@@ -71,7 +71,11 @@ pub(crate) fn build(
             report.plugins.push(ReportedPlugin {
                 name: name.clone(),
                 sha256: Some(assignment.sha256.clone()),
-                health: assigned_health(assignment.stage),
+                health: if assignment.refused {
+                    PluginHealth::Refused
+                } else {
+                    assigned_health(assignment.stage)
+                },
             });
         }
     }
@@ -138,6 +142,7 @@ mod tests {
                 sha256: "ab".repeat(32),
                 stage,
                 problem: problem.map(str::to_owned),
+                refused: false,
             },
         );
         let config = ConfigState::default();

@@ -26,15 +26,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use ccfleet::server::plugins::is_sha256;
 use ccfleet::untrusted::Untrusted;
 use reqwest::header::HeaderValue;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::fleet_entry::{self, Checked};
 use super::health::{Assignment, AssignmentStage, Assignments};
 use super::observe::ObservedPlugin;
+use crate::plugin::ceiling::{Ceiling, Escalation};
 use crate::plugin::sink::SinkHandle;
 use crate::{FeedSenders, PluginHandle, PluginSpec, PluginState, Runtime};
 
@@ -54,56 +55,73 @@ struct Wanted {
     spec: PluginSpec,
 }
 
+/// A fleet plugin entry beyond the node's ceiling.
+#[derive(Debug, Clone, PartialEq)]
+struct Refused {
+    name: String,
+    sha256: String,
+    escalation: Escalation,
+}
+
 /// Reads the `plugins` list of a fleet configuration; `dir` is where components are kept.
-fn wanted(config: &serde_json::Value, dir: &Path) -> Result<Vec<Wanted>, String> {
+/// Entries beyond `ceiling` are returned apart, to be refused one by one; an entry that is
+/// not a plugin entry at all fails the whole list.
+fn wanted(
+    config: &serde_json::Value,
+    dir: &Path,
+    ceiling: &Ceiling,
+) -> Result<(Vec<Wanted>, Vec<Refused>), String> {
     let Some(list) = config.get("plugins") else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     };
     let Some(list) = list.as_array() else {
         return Err("plugins is not a list".to_owned());
     };
     let mut out = Vec::new();
+    let mut refused = Vec::new();
     let mut names = BTreeSet::new();
     for (i, entry) in list.iter().enumerate() {
         let fail = |why: String| Err(format!("plugins[{i}]: {why}"));
-        let Some(object) = entry.as_object() else {
-            return fail("not an object".to_owned());
+        let checked = match fleet_entry::check(entry, dir, ceiling) {
+            Ok(checked) => checked,
+            Err(why) => return fail(why),
         };
-        let mut object = object.clone();
-        if object.contains_key("path") {
-            return fail("a fleet plugin is named by sha256, not by path".to_owned());
-        }
-        let Some(serde_json::Value::String(sha256)) = object.remove("sha256") else {
-            return fail("sha256 is missing or not a string".to_owned());
-        };
-        if !is_sha256(&sha256) {
-            return fail("sha256 must be 64 lowercase hexadecimal digits".to_owned());
-        }
-        let name = match object.get("name") {
-            Some(serde_json::Value::String(name)) if !name.trim().is_empty() => name.clone(),
-            _ => return fail("name is missing (a fleet plugin needs one)".to_owned()),
+        let name = match &checked {
+            Checked::Admitted { name, .. } | Checked::Refused { name, .. } => name.clone(),
         };
         if !names.insert(name.clone()) {
             return fail(format!("two plugins are named {:?}", Untrusted(&name)));
         }
-        object.insert(
-            "path".to_owned(),
-            serde_json::Value::String(
-                dir.join(format!("{sha256}.wasm"))
-                    .to_string_lossy()
-                    .into_owned(),
-            ),
-        );
-        let spec: PluginSpec = match serde_json::from_value(serde_json::Value::Object(object)) {
-            Ok(spec) => spec,
-            Err(e) => return fail(e.to_string()),
-        };
-        if let Err(e) = spec.validate() {
-            return fail(e.to_string());
+        match checked {
+            Checked::Admitted { name, sha256, spec } if i < ceiling.max_plugins => {
+                out.push(Wanted {
+                    name,
+                    sha256,
+                    spec: *spec,
+                });
+            }
+            Checked::Admitted { name, sha256, .. } => refused.push(Refused {
+                name,
+                sha256,
+                escalation: Escalation {
+                    grant: format!(
+                        "plugins[{i}] (this node runs at most {} fleet plugins)",
+                        ceiling.max_plugins
+                    ),
+                },
+            }),
+            Checked::Refused {
+                name,
+                sha256,
+                escalation,
+            } => refused.push(Refused {
+                name,
+                sha256,
+                escalation,
+            }),
         }
-        out.push(Wanted { name, sha256, spec });
     }
-    Ok(out)
+    Ok((out, refused))
 }
 
 /// Why a component could not be fetched.
@@ -115,6 +133,10 @@ enum FetchError {
     Mismatch { got: String },
     #[error("cannot keep the component: {0}")]
     Store(String),
+    #[error("the download is not a WebAssembly component")]
+    NotComponent,
+    #[error("keeping the component would put more than {max} bytes in fleet-plugin-dir")]
+    Quota { max: u64 },
 }
 
 impl FetchError {
@@ -123,6 +145,8 @@ impl FetchError {
             FetchError::Download(_) => "download_failed",
             FetchError::Mismatch { .. } => "hash_mismatch",
             FetchError::Store(_) => "store_failed",
+            FetchError::NotComponent => "not_a_component",
+            FetchError::Quota { .. } => "quota_exceeded",
         }
     }
 }
@@ -133,6 +157,63 @@ fn hex(digest: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
         s
     })
+}
+
+/// The first bytes of every WebAssembly component (magic, version 0x0d, layer 1): a core
+/// module, a shared library or anything else is never kept, so nothing of the fleet's lands
+/// in the download directory that is not a component.
+const COMPONENT_HEADER: [u8; 8] = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
+
+/// Whether `bytes` begin as a WebAssembly component does.
+fn is_component(bytes: &[u8]) -> bool {
+    bytes.starts_with(&COMPONENT_HEADER)
+}
+
+/// The bytes the files of `dir` hold, leaving out `except`.
+fn stored_bytes(dir: &Path, except: &Path) -> std::io::Result<u64> {
+    let mut total = 0u64;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.path() != except {
+            total = total.saturating_add(entry.metadata()?.len());
+        }
+    }
+    Ok(total)
+}
+
+/// Removes every file of `dir` that is not the component of a SHA-256 in `keep`.
+fn prune(dir: &Path, keep: &BTreeSet<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let kept = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".wasm"))
+            .is_some_and(|sha| keep.contains(sha));
+        if !kept && entry.file_type().is_ok_and(|t| t.is_file()) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::debug!(file = %entry.path().display(), "removed a component no configuration names")
+                }
+                Err(e) => {
+                    tracing::warn!(file = %entry.path().display(), "cannot remove a component no configuration names: {e}")
+                }
+            }
+        }
+    }
+}
+
+/// Writes `bytes` to `target` in `dir` through a temporary file, so a half-written file is
+/// never used.
+fn keep(dir: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = tempfile::NamedTempFile::new_in(dir)?;
+    file.write_all(bytes)?;
+    file.as_file().sync_all()?;
+    file.persist(target).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// Creates the download directory, private to the agent's user.
@@ -159,12 +240,19 @@ pub(crate) struct Fetcher {
     bases: Vec<String>,
     token: Option<HeaderValue>,
     dir: PathBuf,
+    /// The most bytes kept in `dir`.
+    max_bytes: u64,
 }
 
 impl Fetcher {
     /// A fetcher for the fleet servers at `bases` (`http://host:port`, in order of
-    /// preference), keeping components in `dir`.
-    pub(crate) fn new(bases: &[String], token: &str, dir: PathBuf) -> Result<Fetcher, String> {
+    /// preference), keeping at most `max_bytes` of components in `dir`.
+    pub(crate) fn new(
+        bases: &[String],
+        token: &str,
+        dir: PathBuf,
+        max_bytes: u64,
+    ) -> Result<Fetcher, String> {
         let token = if token.is_empty() {
             None
         } else {
@@ -186,6 +274,7 @@ impl Fetcher {
                 .collect(),
             token,
             dir,
+            max_bytes,
         })
     }
 
@@ -194,7 +283,7 @@ impl Fetcher {
     async fn fetch(&self, sha256: &str) -> Result<PathBuf, FetchError> {
         let path = self.dir.join(format!("{sha256}.wasm"));
         if let Ok(bytes) = tokio::fs::read(&path).await {
-            if hex(&Sha256::digest(&bytes)) == sha256 {
+            if hex(&Sha256::digest(&bytes)) == sha256 && is_component(&bytes) {
                 return Ok(path);
             }
             tracing::warn!(
@@ -229,20 +318,30 @@ impl Fetcher {
             return Err(failure
                 .unwrap_or_else(|| FetchError::Download("no fleet server is configured".into())));
         };
+        if !is_component(&bytes) {
+            return Err(FetchError::NotComponent);
+        }
         let dir = self.dir.clone();
         let target = path.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut file = tempfile::NamedTempFile::new_in(&dir)?;
-            file.write_all(&bytes)?;
-            file.as_file().sync_all()?;
-            file.persist(&target).map_err(|e| e.error)?;
-            Ok(())
+        let max = self.max_bytes;
+        tokio::task::spawn_blocking(move || -> Result<(), FetchError> {
+            let used = stored_bytes(&dir, &target)
+                .map_err(|e| FetchError::Store(format!("{}: {e}", dir.display())))?;
+            if used.saturating_add(bytes.len() as u64) > max {
+                return Err(FetchError::Quota { max });
+            }
+            keep(&dir, &target, &bytes)
+                .map_err(|e| FetchError::Store(format!("{}: {e}", target.display())))
         })
         .await
-        .map_err(|e| FetchError::Store(e.to_string()))?
-        .map_err(|e| FetchError::Store(format!("{}: {e}", path.display())))?;
+        .map_err(|e| FetchError::Store(e.to_string()))??;
         Ok(path)
+    }
+
+    /// Removes the components no configuration names (a running plugin's included).
+    async fn prune(&self, keep: BTreeSet<String>) {
+        let dir = self.dir.clone();
+        let _ = tokio::task::spawn_blocking(move || prune(&dir, &keep)).await;
     }
 
     /// The component of `sha256` from the server at `base`, checked against its hash.
@@ -330,6 +429,8 @@ pub(crate) struct Rollout {
     /// What `/readyz` shows: each plugin the fleet names and why it does not run.
     pub assignments: Arc<Assignments>,
     pub retry_interval: Duration,
+    /// What the fleet may grant its plugins on this node.
+    pub ceiling: Ceiling,
 }
 
 impl Rollout {
@@ -340,6 +441,17 @@ impl Rollout {
 
     /// Records where the version of `name` the fleet names is, and why it does not run.
     fn assign(&self, name: &str, sha256: &str, stage: AssignmentStage, problem: Option<String>) {
+        self.record(name, sha256, stage, problem, false);
+    }
+
+    fn record(
+        &self,
+        name: &str,
+        sha256: &str,
+        stage: AssignmentStage,
+        problem: Option<String>,
+        refused: bool,
+    ) {
         self.assignments
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -349,6 +461,7 @@ impl Rollout {
                     sha256: sha256.to_owned(),
                     stage,
                     problem,
+                    refused,
                 },
             );
     }
@@ -370,6 +483,7 @@ impl Rollout {
                 sha256: sha256.to_owned(),
                 stage: AssignmentStage::Pending,
                 problem: Some("being downloaded and started".to_owned()),
+                refused: false,
             },
         );
     }
@@ -397,6 +511,7 @@ impl Rollout {
             let _alive = alive;
             let mut running: BTreeMap<String, Running> = BTreeMap::new();
             let mut failed: BTreeMap<String, Wanted> = BTreeMap::new();
+            let mut refused: BTreeMap<String, Refused> = BTreeMap::new();
             let mut current = first;
             let mut open = true;
             loop {
@@ -405,7 +520,7 @@ impl Rollout {
                 let retry = tokio::select! {
                     biased;
                     _ = stop.changed() => break,
-                    retry = self.apply(&current, &mut running, &mut failed) => retry,
+                    retry = self.apply(&current, &mut running, &mut failed, &mut refused) => retry,
                 };
                 // Only a failed download needs the timer: otherwise nothing changes until the
                 // next configuration, and an idle agent does not wake for it.
@@ -432,6 +547,7 @@ impl Rollout {
         config: &Option<String>,
         running: &mut BTreeMap<String, Running>,
         failed: &mut BTreeMap<String, Wanted>,
+        refused: &mut BTreeMap<String, Refused>,
     ) -> bool {
         let dir = &self.fetcher.dir;
         let config = match config
@@ -447,7 +563,7 @@ impl Rollout {
                 return false;
             }
         };
-        let wanted = match wanted(&config, dir) {
+        let (wanted, beyond) = match wanted(&config, dir, &self.ceiling) {
             Ok(wanted) => wanted,
             Err(why) => {
                 tracing::warn!(
@@ -457,10 +573,16 @@ impl Rollout {
                 return false;
             }
         };
-        let names: BTreeSet<&str> = wanted.iter().map(|w| w.name.as_str()).collect();
+        // A refused entry's name stays named: a version of it that ran within the ceiling
+        // keeps running, as after any failed rollout.
+        let names: BTreeSet<String> = wanted
+            .iter()
+            .map(|w| w.name.clone())
+            .chain(beyond.iter().map(|r| r.name.clone()))
+            .collect();
         let gone: Vec<String> = running
             .keys()
-            .filter(|n| !names.contains(n.as_str()))
+            .filter(|n| !names.contains(*n))
             .cloned()
             .collect();
         for name in gone {
@@ -470,11 +592,46 @@ impl Rollout {
             }
             self.publish(running);
         }
-        failed.retain(|name, _| names.contains(name.as_str()));
+        failed.retain(|name, _| names.contains(name));
+        refused.retain(|name, _| beyond.iter().any(|r| &r.name == name));
+        for entry in beyond {
+            if self.local.contains(&entry.name) {
+                continue;
+            }
+            let shown = Untrusted(&entry.name).capped(100).to_string();
+            let why = format!(
+                "refused: {}",
+                Untrusted(&entry.escalation.to_string()).capped(300)
+            );
+            // Logged and counted once per entry, not at every configuration poll.
+            if refused.get(&entry.name) != Some(&entry) {
+                tracing::warn!(plugin = %shown, sha256 = %entry.sha256, "the fleet plugin is not run: {why}");
+                self.count(&entry.name, "beyond_ceiling");
+                failed.remove(&entry.name);
+            }
+            self.record(
+                &entry.name,
+                &entry.sha256,
+                AssignmentStage::StartFailed,
+                Some(why),
+                true,
+            );
+            refused.insert(entry.name.clone(), entry);
+        }
+        // What no configuration names goes first, so it does not count against the quota.
+        let named: BTreeSet<String> = wanted.iter().map(|w| w.sha256.clone()).collect();
+        let keep = |running: &BTreeMap<String, Running>| -> BTreeSet<String> {
+            named
+                .iter()
+                .cloned()
+                .chain(running.values().map(|r| r.wanted.sha256.clone()))
+                .collect()
+        };
+        self.fetcher.prune(keep(running)).await;
         self.assignments
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|name, _| names.contains(name.as_str()) && !self.local.contains(name));
+            .retain(|name, _| names.contains(name) && !self.local.contains(name));
         let mut retry = false;
         for want in wanted {
             let name = want.name.clone();
@@ -485,6 +642,7 @@ impl Rollout {
                 }
                 continue;
             }
+            refused.remove(&name);
             if running.get(&name).is_some_and(|r| r.wanted == want) {
                 self.assign(&name, &want.sha256, AssignmentStage::Running, None);
                 continue;
@@ -540,6 +698,7 @@ impl Rollout {
                 }
             }
         }
+        self.fetcher.prune(keep(running)).await;
         retry
     }
 
@@ -594,7 +753,9 @@ mod tests {
         let config = serde_json::json!({"plugins": [{"name": "load", "sha256": SHA,
             "collect-interval": "10s", "config": {"a": 1},
             "capabilities": {"read-files": ["/proc/loadavg"]}}]});
-        let wanted = wanted(&config, Path::new("/var/cache/fleet")).unwrap();
+        let (wanted, refused) =
+            wanted(&config, Path::new("/var/cache/fleet"), &Ceiling::default()).unwrap();
+        assert!(refused.is_empty());
         assert_eq!(wanted.len(), 1);
         assert_eq!(
             wanted[0].spec.path,
@@ -625,8 +786,61 @@ mod tests {
                 "unknown field",
             ),
         ] {
-            let err = wanted(&serde_json::json!({ "plugins": [entry] }), dir).unwrap_err();
+            let err = wanted(
+                &serde_json::json!({ "plugins": [entry] }),
+                dir,
+                &Ceiling::default(),
+            )
+            .unwrap_err();
             assert!(err.contains(why), "{err}");
         }
+    }
+
+    #[test]
+    fn entries_beyond_the_ceiling_or_its_plugin_count_are_refused_one_by_one() {
+        let ceiling = Ceiling {
+            max_plugins: 2,
+            ..Ceiling::default()
+        };
+        let config = serde_json::json!({"plugins": [
+            {"name": "a", "sha256": SHA},
+            {"name": "b", "sha256": SHA, "capabilities": {"run": ["pwn"]}},
+            {"name": "c", "sha256": SHA},
+        ]});
+        let (wanted, refused) = wanted(&config, Path::new("/d"), &ceiling).unwrap();
+        assert_eq!(wanted.len(), 1);
+        assert_eq!(wanted[0].name, "a");
+        assert_eq!(refused.len(), 2);
+        assert!(refused[0].escalation.grant.contains("run.pwn"));
+        assert!(
+            refused[1]
+                .escalation
+                .grant
+                .contains("at most 2 fleet plugins")
+        );
+    }
+
+    #[test]
+    fn only_components_are_kept_and_the_directory_is_pruned() {
+        assert!(is_component(&COMPONENT_HEADER));
+        assert!(!is_component(b"\x7fELF\x02\x01\x01\x00"));
+        assert!(!is_component(&[
+            0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00
+        ]));
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            format!("{SHA}.wasm"),
+            "old.wasm".to_owned(),
+            "x.so".to_owned(),
+        ] {
+            std::fs::write(dir.path().join(name), b"1234").unwrap();
+        }
+        assert_eq!(stored_bytes(dir.path(), Path::new("/none")).unwrap(), 12);
+        prune(dir.path(), &BTreeSet::from([SHA.to_owned()]));
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, [std::ffi::OsString::from(format!("{SHA}.wasm"))]);
     }
 }

@@ -130,8 +130,13 @@ impl Capabilities {
     /// closed, stdout and stderr are discarded, no directory is preopened, no environment
     /// variable or argument is set, and every network address is denied. Only the lines
     /// below widen that: each of `read-dirs`, read-only, once it is shown to hold no kernel
-    /// file system (after resolving links, against the mount table).
-    pub fn configure(&self, builder: &mut WasiCtxBuilder) -> Result<(), GrantError> {
+    /// file system (after resolving links, against the mount table) and to hold and lie in
+    /// none of `secrets` (the agent's and the system's, [`super::secrets`]).
+    pub fn configure(
+        &self,
+        builder: &mut WasiCtxBuilder,
+        secrets: &[PathBuf],
+    ) -> Result<(), GrantError> {
         for dir in &self.read_dirs {
             let fail = |reason: String| GrantError {
                 path: dir.clone(),
@@ -145,6 +150,12 @@ impl Capabilities {
                 return Err(fail(format!(
                     "it overlaps the kernel file system mounted at {}",
                     mount.display()
+                )));
+            }
+            if let Some(secret) = super::secrets::exposed_by(&real, secrets) {
+                return Err(fail(format!(
+                    "it would expose {}, which plugins never read",
+                    secret.display()
                 )));
             }
             let guest = dir.to_string_lossy();
@@ -273,7 +284,7 @@ mod tests {
         };
         caps.validate().unwrap();
         let err = caps
-            .configure(&mut wasmtime_wasi::WasiCtx::builder())
+            .configure(&mut wasmtime_wasi::WasiCtx::builder(), &[])
             .unwrap_err();
         assert_eq!(err.path, link);
         assert!(err.reason.contains("resolves to /proc"), "{}", err.reason);
@@ -284,7 +295,14 @@ mod tests {
             ..Capabilities::default()
         };
         plain
-            .configure(&mut wasmtime_wasi::WasiCtx::builder())
+            .configure(&mut wasmtime_wasi::WasiCtx::builder(), &[])
             .unwrap();
+        // A directory holding a secret of the agent's is refused.
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t").unwrap();
+        let err = plain
+            .configure(&mut wasmtime_wasi::WasiCtx::builder(), &[token])
+            .unwrap_err();
+        assert!(err.reason.contains("would expose"), "{}", err.reason);
     }
 }

@@ -45,6 +45,10 @@ pub struct RuntimeOptions {
     /// agent's token file, NATS credentials, configuration, compile-cache key): refused to
     /// every plugin through `cc:fleet/files`, whatever its `read-files` grant.
     pub secret_files: Vec<PathBuf>,
+    /// Directories of the embedding program's state (the fleet's downloads, the compile
+    /// cache): a native library (`nvml-library`, or the one the environment names) found to
+    /// lie in one is never loaded, since what lies there may have come from the fleet.
+    pub state_dirs: Vec<PathBuf>,
 }
 
 impl Default for RuntimeOptions {
@@ -55,6 +59,7 @@ impl Default for RuntimeOptions {
             watch_interval: Duration::from_secs(2),
             event_capacity: 1024,
             secret_files: Vec::new(),
+            state_dirs: Vec::new(),
         }
     }
 }
@@ -277,6 +282,9 @@ impl Runtime {
     ) -> Result<Store<HostState>, HostError> {
         let limits = &spec.limits;
         let caps = &spec.capabilities;
+        // The system's secrets are looked up as the store is made: a host key generated
+        // later is refused from the plugin's next start on.
+        let secrets = super::secrets::for_plugin(&self.inner.secrets, caps);
         let files = if caps.read_files.is_empty() && !caps.mount_info {
             FileGrants::none()
         } else {
@@ -289,7 +297,7 @@ impl Runtime {
                 plugin: plugin.to_string(),
                 reason,
             })?
-            .with_secrets(self.inner.secrets.clone())
+            .with_secrets(secrets.clone())
         };
         let files = if caps.mount_info {
             files.with_mount_info()
@@ -299,7 +307,7 @@ impl Runtime {
         let wasi = if spec.capabilities.wasi {
             let mut builder = WasiCtx::builder();
             spec.capabilities
-                .configure(&mut builder)
+                .configure(&mut builder, &secrets)
                 .map_err(|e| HostError::Preopen {
                     plugin: plugin.to_string(),
                     path: e.path,
@@ -309,6 +317,17 @@ impl Runtime {
         } else {
             None
         };
+        if caps.nvml {
+            super::libraries::check(
+                caps.nvml_library.as_deref(),
+                super::nvml::LIBRARY_ENV,
+                &self.inner.options.state_dirs,
+            )
+            .map_err(|reason| HostError::Spec {
+                plugin: plugin.to_string(),
+                reason,
+            })?;
+        }
         let state = HostState {
             plugin: plugin.clone(),
             generation,

@@ -152,7 +152,7 @@ fn match_parts(parts: &[Part], path: &[&str], below: bool) -> bool {
 }
 
 /// `*` matches any run of characters within one name.
-fn glob(pattern: &str, name: &str) -> bool {
+pub(crate) fn glob(pattern: &str, name: &str) -> bool {
     let mut pieces = pattern.split('*');
     let first = pieces.next().unwrap_or_default();
     let Some(mut rest) = name.strip_prefix(first) else {

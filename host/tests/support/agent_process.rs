@@ -21,11 +21,30 @@ impl AgentProcess {
         AgentProcess::start_command("agent", dir, config)
     }
 
+    /// [`AgentProcess::start`] with `env` added to the agent's environment.
+    pub fn start_with_env(
+        dir: &Path,
+        config: &serde_json::Value,
+        env: &[(&str, &str)],
+    ) -> AgentProcess {
+        AgentProcess::start_full("agent", dir, config, env)
+    }
+
     /// [`AgentProcess::start`] for another command taking `--config` (`server`).
     pub fn start_command(command: &str, dir: &Path, config: &serde_json::Value) -> AgentProcess {
+        AgentProcess::start_full(command, dir, config, &[])
+    }
+
+    fn start_full(
+        command: &str,
+        dir: &Path,
+        config: &serde_json::Value,
+        env: &[(&str, &str)],
+    ) -> AgentProcess {
         let path = dir.join(format!("{command}.json"));
         std::fs::write(&path, config.to_string()).expect("write the configuration");
         let mut child = Command::new(env!("CARGO_BIN_EXE_ccfleet"))
+            .envs(env.iter().copied())
             .arg(command)
             .arg("--config")
             .arg(&path)

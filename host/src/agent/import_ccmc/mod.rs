@@ -12,6 +12,7 @@
 //! given, and the cluster is given or read from the configuration (the router's
 //! unconditional `cluster` tag, or an HTTP sink's `cluster=` parameter).
 
+mod ceiling;
 pub mod collectors;
 pub mod sinks;
 pub mod source;
@@ -377,6 +378,11 @@ pub fn import(input: &Path, options: &ImportOptions) -> Result<Import, ImportErr
         config.insert("metrics".into(), json!({"type": "stdout"}));
     } else {
         config.insert("sinks".into(), Value::Object(converted.sinks));
+    }
+    if !plugins.is_empty() {
+        // The same collectors may then come from the fleet: the node grants what they need.
+        let grants = plugins.iter().filter_map(|p| p.get("capabilities"));
+        config.insert("fleet-ceiling".into(), ceiling::covering(grants));
     }
     config.insert("plugins".into(), Value::Array(plugins));
     if let Some(section) = self_section {
