@@ -613,4 +613,37 @@ mod tests {
         assert_eq!(zero[0].value, 0.0);
         assert!(plan.evaluate(&threads, &[None], 1.0, 1.0, true).is_empty());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Any event sets and formulas, from names that exist and bytes that do not: the
+        /// check never panics, and an accepted plan evaluates any counter values (NaN,
+        /// infinities, zeros) to finite values only.
+        #[test]
+        fn any_formulas_and_event_sets_check_and_evaluate_without_panic(
+            events in proptest::collection::vec(("(PMC[0-3]|FIXC[0-2]|[A-Z,:]{0,6})", "[A-Z_:,=.]{0,12}"), 0..5),
+            formulas in proptest::collection::vec(
+                ("[a-z]{1,3}", "(PMC[0-3]|FIXC[0-2]|time|inverseClock|gotime|[a-z]{1,3}|[0-9.eE+-]{1,4}|[-+*/%() ]|==|&&|'x'|true|len\\(|sum\\(){1,12}", "(hwthread|socket|node|core|memoryDomain|die)"),
+                0..5,
+            ),
+            values in proptest::collection::vec(proptest::prelude::any::<f64>(), 0..12),
+            time in proptest::prelude::any::<f64>(),
+            invalid_to_zero in proptest::prelude::any::<bool>(),
+        ) {
+            let metrics: Vec<MetricSpec> = formulas
+                .iter()
+                .map(|(name, calc, scope)| m(name, calc, scope))
+                .collect();
+            let (local, global) = metrics.split_at(metrics.len() / 2);
+            let spec = EventSetSpec { events: events.clone(), metrics: local.to_vec() };
+            if let Ok(plan) = Plan::new(&[spec], global) {
+                let threads = [Thread { cpu: 0, socket: 0 }, Thread { cpu: 5, socket: 1 }];
+                let rows = vec![values.clone(), values.iter().rev().copied().collect()];
+                let result = SetResult { values: rows, time };
+                for v in plan.evaluate(&threads, &[Some(result)], 1e-9, 1.0, invalid_to_zero) {
+                    proptest::prop_assert!(v.value.is_finite(), "{v:?}");
+                }
+            }
+        }
+    }
 }
