@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_double, c_int, c_void};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -501,6 +502,7 @@ impl Loaded {
         for set in &plan.sets {
             if let Some(owner) = settings.lockfile.as_deref().and_then(foreign_owner) {
                 skipped.push(owner);
+                SKIPPED.fetch_add(1, Ordering::Relaxed);
                 results.push(None);
                 continue;
             }
@@ -570,6 +572,15 @@ fn user_name(uid: u32) -> Option<String> {
             .capped(64)
             .to_string(),
     )
+}
+
+/// Event sets skipped since start because another user held LIKWID's lock file.
+static SKIPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Event sets skipped since the agent started because LIKWID's lock file belonged to
+/// another user (the agent's `/metrics` reports it).
+pub fn skipped_event_sets() -> u64 {
+    SKIPPED.load(Ordering::Relaxed)
 }
 
 /// Work for the LIKWID thread.
