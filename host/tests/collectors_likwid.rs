@@ -402,6 +402,61 @@ async fn without_the_grant_the_plugin_says_so() {
     assert!(message.contains("capabilities.likwid"), "{message}");
 }
 
+/// How often the stand-in at `lib` (already loaded by the agent) set its counters up.
+fn standin_inits(lib: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::CString::new(lib.as_os_str().as_bytes()).unwrap();
+    // SAFETY: the stand-in, already loaded; dlopen of the same path gives its handle.
+    let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    assert!(!handle.is_null(), "the agent loaded the stand-in");
+    // SAFETY: a symbol of the stand-in.
+    let f = unsafe { libc::dlsym(handle, c"likwid_standin_inits".as_ptr()) };
+    assert!(!f.is_null());
+    // SAFETY: the stand-in's `extern "C" fn() -> u64`.
+    let f: extern "C" fn() -> u64 = unsafe { std::mem::transmute(f) };
+    f()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_event_set_the_counters_keep_counting_between_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = standin_copy(dir.path(), "liblikwid.so.5.2");
+    let mut config = fritz_config(dir.path());
+    config["eventsets"].as_array_mut().unwrap().truncate(1);
+    config.as_object_mut().unwrap().remove("globalmetrics");
+    config["keep_counting"] = json!(true);
+    let mut run = Run::start(config, Some(lib.clone())).await;
+    let first_set = [
+        "clock",
+        "ipc",
+        "flops_dp",
+        "mem_bw",
+        "cpu_power",
+        "mem_power",
+    ];
+    let expected: Vec<Got> = expected_fritz()
+        .into_iter()
+        .filter(|p| first_set.contains(&p.name.as_str()))
+        .collect();
+    for _round in 0..3 {
+        assert_points(run.collect().await, expected.clone());
+    }
+    // Set up once: the later rounds read what the running counters counted.
+    assert_eq!(standin_inits(&lib), 1);
+
+    // Without keep_counting each round sets its event set up again, as cc-metric-collector.
+    let dir = tempfile::tempdir().unwrap();
+    let lib = standin_copy(dir.path(), "liblikwid.so.5.2");
+    let mut config = fritz_config(dir.path());
+    config["eventsets"].as_array_mut().unwrap().truncate(1);
+    config.as_object_mut().unwrap().remove("globalmetrics");
+    let mut run = Run::start(config, Some(lib.clone())).await;
+    for _round in 0..2 {
+        assert_points(run.collect().await, expected.clone());
+    }
+    assert_eq!(standin_inits(&lib), 2);
+}
+
 /// The CPUs the kernel has online.
 fn online_cpus() -> usize {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();

@@ -386,6 +386,7 @@ impl Counters for HostCounters {
             force_overwrite: config.force_overwrite,
             invalid_to_zero: config.invalid_to_zero,
             duration_ns: config.duration_ns,
+            keep_counting: config.keep_counting,
         };
         let round = likwid::measure(&setup)?;
         Ok(lw::Round {

@@ -79,6 +79,10 @@ pub struct Config {
     pub invalid_to_zero: bool,
     /// How long each event set is measured (cc-metric-collector's global `duration`).
     pub duration_ns: u64,
+    /// `keep_counting` (not in cc-metric-collector): with exactly one event set, its
+    /// counters keep running between rounds and each round reads what they counted since
+    /// the previous one, so a round waits for no measurement window.
+    pub keep_counting: bool,
 }
 
 /// One metric value from the agent.
@@ -378,7 +382,15 @@ impl FromOptions for Likwid {
             force_overwrite: o.bool("force_overwrite", false)?,
             invalid_to_zero: o.bool("invalid_to_zero", false)?,
             duration_ns,
+            keep_counting: o.bool("keep_counting", false)?,
         };
+        if config.keep_counting && config.event_sets.len() != 1 {
+            return Err(format!(
+                "likwid: `keep_counting` needs exactly one event set (there are {}): \
+                 the counters cannot keep counting while event sets take turns",
+                config.event_sets.len()
+            ));
+        }
         Ok(Likwid::new(config, ignored))
     }
 }
@@ -422,6 +434,7 @@ mod tests {
             force_overwrite: false,
             invalid_to_zero: false,
             duration_ns: 1,
+            keep_counting: false,
         };
         let mut likwid = Likwid::new(config, Vec::new());
         let mut counters = Fixed(Round {

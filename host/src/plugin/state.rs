@@ -259,6 +259,7 @@ async fn likwid_measure(grant: &LikwidGrant, setup: wl::Setup) -> Result<wl::Rou
         force: setup.force_overwrite,
         invalid_to_zero: setup.invalid_to_zero,
         duration: std::time::Duration::from_nanos(setup.duration_ns),
+        keep_counting: setup.keep_counting,
     };
     let round = grant.measure(plan, settings).await?;
     Ok(wl::Round {

@@ -172,6 +172,15 @@ pub struct Settings {
     pub invalid_to_zero: bool,
     /// How long each event set is measured.
     pub duration: Duration,
+    /// With one event set, keep its counters running between rounds.
+    pub keep_counting: bool,
+}
+
+/// An event set left counting between rounds.
+struct Running {
+    event_string: String,
+    mode: AccessMode,
+    gid: c_int,
 }
 
 /// The outcome of one round.
@@ -190,6 +199,7 @@ struct Loaded {
     cpus: Vec<c_int>,
     inverse_clock: f64,
     mode: Option<AccessMode>,
+    running: Option<Running>,
     _library: Arc<Library>,
 }
 
@@ -340,6 +350,7 @@ impl Loaded {
             cpus,
             inverse_clock,
             mode: None,
+            running: None,
             _library: library,
         })
     }
@@ -488,6 +499,103 @@ impl Loaded {
         Ok(SetResult { values, time })
     }
 
+    /// Stops an event set left counting.
+    fn stop_running(&mut self) {
+        if self.running.take().is_some() {
+            // SAFETY: counters started by perfmon_startCounters after perfmon_init.
+            unsafe { (self.f.stop_counters)() };
+            // SAFETY: after a successful perfmon_init.
+            unsafe { (self.f.perfmon_finalize)() };
+        }
+    }
+
+    /// Reads an event set left counting: what it counted since the previous read. Starts
+    /// it (and waits `duration` once) when it is not running yet.
+    fn read_running(
+        &mut self,
+        event_string: &str,
+        counters: usize,
+        duration: Duration,
+        mode: AccessMode,
+    ) -> Result<SetResult, String> {
+        let same = self
+            .running
+            .as_ref()
+            .is_some_and(|r| r.event_string == event_string && r.mode == mode);
+        if !same {
+            self.stop_running();
+        }
+        let f = &self.f;
+        let gid = match &self.running {
+            Some(r) => r.gid,
+            None => {
+                let events = CString::new(event_string)
+                    .map_err(|_| "an event string holds a NUL".to_owned())?;
+                // SAFETY: the CPU list has cpus.len() entries, all of LIKWID's topology.
+                let rc = unsafe { (f.perfmon_init)(self.cpus.len() as c_int, self.cpus.as_ptr()) };
+                if rc != 0 {
+                    return Err(format!(
+                        "perfmon_init failed with error {rc}: the performance counters cannot \
+                         be reached in {} mode",
+                        mode.name()
+                    ));
+                }
+                // SAFETY: a NUL-terminated event string.
+                let gid = unsafe { (f.add_event_set)(events.as_ptr()) };
+                // SAFETY: a group id from perfmon_addEventSet; no arguments after.
+                let rc = if gid < 0 {
+                    gid
+                } else {
+                    let mut rc = unsafe { (f.setup_counters)(gid) };
+                    if rc == 0 {
+                        // SAFETY: counters set up.
+                        rc = unsafe { (f.start_counters)() };
+                    }
+                    if rc == 0 {
+                        // SAFETY: counters started.
+                        rc = unsafe { (f.read_counters)() };
+                    }
+                    rc
+                };
+                if rc != 0 {
+                    // SAFETY: after a successful perfmon_init.
+                    unsafe { (f.perfmon_finalize)() };
+                    return Err(format!(
+                        "starting the events {event_string} failed with error {rc}"
+                    ));
+                }
+                self.running = Some(Running {
+                    event_string: event_string.to_owned(),
+                    mode,
+                    gid,
+                });
+                std::thread::sleep(duration);
+                gid
+            }
+        };
+        let f = &self.f;
+        // SAFETY: counters started.
+        let rc = unsafe { (f.read_counters)() };
+        if rc != 0 {
+            self.stop_running();
+            return Err(format!(
+                "perfmon_readCounters failed with error {rc} for the events {event_string}"
+            ));
+        }
+        let values = (0..self.cpus.len())
+            .map(|tid| {
+                (0..counters)
+                    // SAFETY: a group id, an event index below the set's count and a
+                    // thread index below the CPU list's length.
+                    .map(|event| unsafe { (f.last_result)(gid, event as c_int, tid as c_int) })
+                    .collect()
+            })
+            .collect();
+        // SAFETY: a group id from perfmon_addEventSet.
+        let time = unsafe { (f.last_time)(gid) };
+        Ok(SetResult { values, time })
+    }
+
     fn measure(&mut self, plan: &Plan, settings: &Settings) -> Result<Round, String> {
         if settings.force {
             // SAFETY: LIKWID reads LIKWID_FORCE from the environment and has no other way to
@@ -497,21 +605,36 @@ impl Loaded {
         }
         self.access(settings.access_mode)
             .map_err(|e| e.to_string())?;
+        let keep = settings.keep_counting && plan.sets.len() == 1;
+        if !keep {
+            self.stop_running();
+        }
         let mut results = Vec::with_capacity(plan.sets.len());
         let mut skipped = Vec::new();
         for set in &plan.sets {
             if let Some(owner) = settings.lockfile.as_deref().and_then(foreign_owner) {
+                // The counters are another user's: let go of them.
+                self.stop_running();
                 skipped.push(owner);
                 SKIPPED.fetch_add(1, Ordering::Relaxed);
                 results.push(None);
                 continue;
             }
-            let result = self.measure_set(
-                &set.event_string,
-                set.counters.len(),
-                settings.duration,
-                settings.access_mode,
-            )?;
+            let result = if keep {
+                self.read_running(
+                    &set.event_string,
+                    set.counters.len(),
+                    settings.duration,
+                    settings.access_mode,
+                )?
+            } else {
+                self.measure_set(
+                    &set.event_string,
+                    set.counters.len(),
+                    settings.duration,
+                    settings.access_mode,
+                )?
+            };
             results.push(Some(result));
         }
         let threads: Vec<Thread> = self
