@@ -65,60 +65,48 @@ fn left_out(stdout: &str) -> Vec<String> {
 }
 
 /// Each published configuration (with the collectors file of each node type where a site
-/// keeps several) and what it cannot carry over: InfluxDB and Ganglia sinks, LIKWID, NVML,
-/// and the collectors without a plugin.
+/// keeps several) and what it cannot carry over: InfluxDB and Ganglia sinks and the
+/// collectors without a plugin.
 const SITES: &[(&str, Option<&str>, &[&str])] = &[
-    ("alex", None, &["sinks.nhrinflux", "collectors.likwid"]),
-    (
-        "fritz",
-        None,
-        &["sinks.fritzganglia", "sinks.nhrinflux", "collectors.likwid"],
-    ),
+    ("alex", None, &["sinks.nhrinflux"]),
+    ("fritz", None, &["sinks.fritzganglia", "sinks.nhrinflux"]),
     (
         "fritz.spr",
         None,
         &["sinks.fritzganglia", "sinks.nhrinflux"],
     ),
-    ("meggie-ng", None, &["sinks.nhrinflux", "collectors.likwid"]),
-    (
-        "tinyfat",
-        Some("collectors.bdw.json"),
-        &["sinks.influx", "collectors.likwid"],
-    ),
-    (
-        "tinyfat",
-        Some("collectors.rome.json"),
-        &["sinks.influx", "collectors.likwid"],
-    ),
+    ("meggie-ng", None, &["sinks.nhrinflux"]),
+    ("tinyfat", Some("collectors.bdw.json"), &["sinks.influx"]),
+    ("tinyfat", Some("collectors.rome.json"), &["sinks.influx"]),
     (
         "tinygpu",
         Some("collectors.rome.a100.json"),
-        &["sinks.influx", "collectors.likwid"],
+        &["sinks.influx"],
     ),
     (
         "tinygpu",
         Some("collectors.skx.2080.json"),
-        &["sinks.influx", "collectors.likwid"],
+        &["sinks.influx"],
     ),
     (
         "tinygpu",
         Some("collectors.skx.3080.json"),
-        &["sinks.influx", "collectors.likwid"],
+        &["sinks.influx"],
     ),
     (
         "tinygpu",
         Some("collectors.skx.v100.json"),
-        &["sinks.influx", "collectors.likwid"],
+        &["sinks.influx"],
     ),
     (
         "woody-ng",
         Some("collectors.icx.json"),
-        &["sinks.nhrinflux", "collectors.likwid"],
+        &["sinks.nhrinflux"],
     ),
     (
         "woody-ng",
         Some("collectors.skl.json"),
-        &["sinks.nhrinflux", "collectors.likwid"],
+        &["sinks.nhrinflux"],
     ),
 ];
 

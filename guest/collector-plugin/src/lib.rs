@@ -12,7 +12,9 @@
 //! plugin's `capabilities.run` through the agent's `cc:fleet/commands` ([`HostCommands`]),
 //! exported with [`export_command_collector!`]. The GPU collector (`nvidia`) reads NVML
 //! through the agent's `cc:fleet/nvml` ([`HostGpus`]), exported with
-//! [`export_gpu_collector!`].
+//! [`export_gpu_collector!`]. The performance counter collector (`likwid`) measures through
+//! the agent's `cc:fleet/likwid` ([`HostCounters`]), exported with
+//! [`export_counter_collector!`].
 #![no_std]
 #![warn(missing_docs)]
 
@@ -22,12 +24,13 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use ccfleet_collectors::config::{FromOptions, Options, common, extra_tags};
+use ccfleet_collectors::likwid::{self as lw, CounterCollector, Counters};
 use ccfleet_collectors::nvidia::{self as nv, GpuCollector, Gpus};
 use ccfleet_collectors::{
     Collector, CommandCollector, CommandOutput, Commands, Files, FsStats, Runner, Sample, Value,
 };
 use ccfleet_guest::lineproto::FieldRef;
-use ccfleet_guest::{ConfigUpdate, Level, Lines, log, nvml};
+use ccfleet_guest::{ConfigUpdate, Level, Lines, likwid, log, nvml};
 
 pub use ccfleet_guest;
 
@@ -347,6 +350,97 @@ macro_rules! export_command_collector {
 macro_rules! export_collector {
     ($collector:ty) => {
         type __Exported = $crate::CollectorPlugin<$collector>;
+        $crate::ccfleet_guest::export_plugin!(__Exported);
+    };
+}
+
+/// [`Counters`] through the agent's `cc:fleet/likwid`.
+pub struct HostCounters;
+
+fn likwid_metric(m: &lw::Metric) -> likwid::Metric {
+    likwid::Metric {
+        name: m.name.clone(),
+        calc: m.calc.clone(),
+        scope: m.scope.clone(),
+    }
+}
+
+impl Counters for HostCounters {
+    fn measure(&mut self, config: &lw::Config) -> Result<lw::Round, String> {
+        let setup = likwid::Setup {
+            event_sets: config
+                .event_sets
+                .iter()
+                .map(|s| likwid::EventSet {
+                    events: s.events.clone(),
+                    metrics: s.metrics.iter().map(likwid_metric).collect(),
+                })
+                .collect(),
+            global_metrics: config.global_metrics.iter().map(likwid_metric).collect(),
+            access_mode: match config.access_mode {
+                lw::AccessMode::Direct => likwid::AccessMode::Direct,
+                lw::AccessMode::AccessDaemon => likwid::AccessMode::Accessdaemon,
+                lw::AccessMode::PerfEvent => likwid::AccessMode::PerfEvent,
+            },
+            lockfile_path: config.lockfile_path.clone(),
+            force_overwrite: config.force_overwrite,
+            invalid_to_zero: config.invalid_to_zero,
+            duration_ns: config.duration_ns,
+            keep_counting: config.keep_counting,
+        };
+        let round = likwid::measure(&setup)?;
+        Ok(lw::Round {
+            values: round
+                .values
+                .into_iter()
+                .map(|v| lw::MetricValue {
+                    metric: v.metric,
+                    scope: v.scope,
+                    scope_id: v.scope_id,
+                    value: v.value,
+                })
+                .collect(),
+            skipped: round.skipped,
+        })
+    }
+}
+
+/// A performance counter collector as a plugin.
+pub struct CounterCollectorPlugin<C> {
+    runner: Runner<C>,
+    /// The round's points as line protocol, kept (empty) for the next round.
+    lines: Lines,
+}
+
+impl<C: CounterCollector + FromOptions> ccfleet_guest::Plugin for CounterCollectorPlugin<C> {
+    fn init(config: &str) -> Result<Self, String> {
+        Ok(CounterCollectorPlugin {
+            runner: runner(config)?,
+            lines: Lines::new(),
+        })
+    }
+
+    fn on_config(&mut self, update: ConfigUpdate) -> Result<(), String> {
+        apply_config(&mut self.runner, update)
+    }
+
+    fn collect(&mut self, now_ns: i64) -> Result<(), String> {
+        let samples =
+            self.runner
+                .collect_counters(&mut HostCounters, &mut HostFiles, &mut |message| {
+                    log!(Level::Warn, "{message}")
+                })?;
+        emit(&mut self.lines, &samples, now_ns)
+    }
+}
+
+/// Exports a performance counter collector type of `ccfleet-collectors` as this
+/// component's plugin:
+/// `ccfleet_collector_plugin::export_counter_collector!(ccfleet_collectors::likwid::Likwid);`.
+#[macro_export]
+macro_rules! export_counter_collector {
+    ($collector:ty) => {
+        type __Exported = $crate::CounterCollectorPlugin<$collector>;
         $crate::ccfleet_guest::export_plugin!(__Exported);
     };
 }

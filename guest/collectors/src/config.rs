@@ -111,6 +111,12 @@ impl Options {
         Ok(())
     }
 
+    /// The value of `key` as JSON, for settings nested deeper than the other accessors read
+    /// (`likwid`'s event sets).
+    pub fn json(&mut self, key: &str) -> Option<Value> {
+        self.map.remove(key)
+    }
+
     /// A list of strings.
     pub fn strings(&mut self, key: &str) -> Result<Option<Vec<String>>, String> {
         match self.map.remove(key) {

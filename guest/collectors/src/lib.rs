@@ -40,6 +40,7 @@ pub mod gpfs;
 pub mod ibstat;
 pub mod iostat;
 pub mod ipmistat;
+pub mod likwid;
 pub mod lineproto;
 pub mod loadavg;
 pub mod lustrestat;
@@ -350,6 +351,24 @@ impl<C: nvidia::GpuCollector> Runner<C> {
         let name = self.collector.name();
         self.collector
             .collect(gpus, now_ns, &mut samples)
+            .map_err(|e| alloc::format!("{name}: {e}"))?;
+        Ok(self.finish(hostname, samples))
+    }
+}
+
+impl<C: likwid::CounterCollector> Runner<C> {
+    /// One round of a performance counter collector: its samples, filtered and tagged.
+    pub fn collect_counters(
+        &mut self,
+        counters: &mut dyn likwid::Counters,
+        files: &mut dyn Files,
+        warn: &mut dyn FnMut(&str),
+    ) -> Result<Vec<Sample>, String> {
+        let hostname = self.hostname(files)?.to_owned();
+        let mut samples = Vec::new();
+        let name = self.collector.name();
+        self.collector
+            .collect(counters, &mut samples, warn)
             .map_err(|e| alloc::format!("{name}: {e}"))?;
         Ok(self.finish(hostname, samples))
     }

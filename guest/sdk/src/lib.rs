@@ -7,7 +7,8 @@
 //! [`Plugin::collect`] with [`emit`] (or build a batch in [`Lines`] without building
 //! [`Point`]s), reading host files with [`read_file`] and [`list_dir`] and running the
 //! commands the agent grants them with [`commands::run`]; GPU collectors read NVIDIA GPUs
-//! through the agent's NVML with [`nvml::devices`] and [`nvml::read`].
+//! through the agent's NVML with [`nvml::devices`] and [`nvml::read`], and performance
+//! counter collectors measure through the agent's LIKWID with [`likwid::measure`].
 //!
 //! Points cross into the agent as one buffer of line protocol per batch, written by the
 //! host crate's own encoder ([`lineproto`], the same source files); the agent checks every
@@ -52,6 +53,7 @@ compile_error!(
 #[cfg(any(test, all(feature = "rt", target_arch = "wasm32")))]
 mod alloc_classes;
 pub mod commands;
+pub mod likwid;
 pub mod lineproto;
 mod lines;
 pub mod nvml;

@@ -339,6 +339,19 @@ impl Observed {
             );
         }
 
+        header(
+            &mut out,
+            "ccfleet_agent_likwid_skipped_event_sets_total",
+            "counter",
+            "LIKWID event sets not measured because LIKWID's lock file belonged to another \
+             user (a job measuring with likwid-perfctr): the counters were theirs.",
+        );
+        let _ = writeln!(
+            out,
+            "ccfleet_agent_likwid_skipped_event_sets_total {}",
+            crate::plugin::native::likwid::skipped_event_sets()
+        );
+
         self.render_sinks(&mut out);
         self.render_router(&mut out);
 

@@ -77,6 +77,16 @@ pub struct Capabilities {
     /// Needs `nvml`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvml_library: Option<PathBuf>,
+    /// Hardware performance counters through the LIKWID library, which the agent loads for
+    /// the plugin (`cc:fleet/likwid`, for the `likwid` collector): measurements of the event
+    /// sets the plugin names, nothing else of the library ([`super::native::likwid`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub likwid: bool,
+    /// The LIKWID library to load instead of `liblikwid.so.5` from the loader's search path
+    /// (or the file `CCFLEET_LIKWID_LIBRARY` names), cc-metric-collector's `liblikwid_path`.
+    /// Needs `likwid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub likwid_library: Option<PathBuf>,
 }
 
 impl Capabilities {
@@ -119,6 +129,19 @@ impl Capabilities {
             if !library.is_absolute() {
                 return Err(format!(
                     "capabilities.nvml-library {} must be an absolute path",
+                    library.display()
+                ));
+            }
+        }
+        if let Some(library) = &self.likwid_library {
+            if !self.likwid {
+                return Err(
+                    "capabilities.likwid-library needs capabilities.likwid = true".to_owned(),
+                );
+            }
+            if !library.is_absolute() {
+                return Err(format!(
+                    "capabilities.likwid-library {} must be an absolute path",
                     library.display()
                 ));
             }
@@ -252,8 +275,23 @@ mod tests {
             run: BTreeMap::new(),
             nvml: true,
             nvml_library: Some("/opt/nvidia/libnvidia-ml.so.1".into()),
+            likwid: true,
+            likwid_library: Some("/apps/likwid/lib/liblikwid.so.5".into()),
         };
         fine.validate().unwrap();
+        let ungranted = Capabilities {
+            likwid_library: Some("/apps/likwid/lib/liblikwid.so.5".into()),
+            ..Capabilities::default()
+        };
+        let err = ungranted.validate().unwrap_err();
+        assert!(err.contains("needs capabilities.likwid"), "{err}");
+        let relative = Capabilities {
+            likwid: true,
+            likwid_library: Some("liblikwid.so.5".into()),
+            ..Capabilities::default()
+        };
+        let err = relative.validate().unwrap_err();
+        assert!(err.contains("absolute"), "{err}");
     }
 
     #[test]

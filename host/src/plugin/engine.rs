@@ -23,7 +23,8 @@ use super::events::{EventSender, PluginEvent};
 use super::files::FileGrants;
 use super::limits::MemoryLimiter;
 use super::logs::LogGate;
-use super::nvml::NvmlGrant;
+use super::native::likwid::LikwidGrant;
+use super::native::nvml::NvmlGrant;
 use super::sink::SinkHandle;
 use super::spec::PluginSpec;
 use super::state::{self, HostState};
@@ -338,6 +339,7 @@ impl Runtime {
             files,
             commands: StoreCommands::new(commands),
             nvml: NvmlGrant::new(caps.nvml, caps.nvml_library.as_deref()),
+            likwid: LikwidGrant::new(caps.likwid, caps.likwid_library.as_deref()),
             deadline: Instant::now() + limits.call_timeout,
             table: wasmtime::component::ResourceTable::new(),
             wasi,

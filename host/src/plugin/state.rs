@@ -21,20 +21,23 @@ use wasmtime::component::{Linker, ResourceTable, WasmList, WasmStr};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::cc::fleet::commands::Output as CommandOutput;
+use super::bindings::cc::fleet::likwid as wl;
 use super::commands::{RunError, RunResult, StoreCommands};
 use super::emit::{Emitter, PointView};
 use super::events::{EventKind, EventSender, PluginEvent};
 use super::files::FileGrants;
 use super::limits::MemoryLimiter;
 use super::logs::{self, LogGate, MAX_LOG_MESSAGE};
-use super::nvml::NvmlGrant;
+use super::native::likwid::{self, LikwidGrant};
+use super::native::likwid_metrics::{EventSetSpec, MetricSpec, Plan};
+use super::native::nvml::NvmlGrant;
 use super::sink::Batch;
 use crate::plugin::types::Level;
 
 /// The version of the `cc:fleet` WIT package (`wit/fleet.wit`) the host implements.
 /// Components built against 0.3.0 resolve to it: wasmtime matches their `@0.3.0` imports
 /// and exports to these semver-compatible ones, whose functions are a superset.
-pub(crate) const WIT_VERSION: &str = "0.3.1";
+pub(crate) const WIT_VERSION: &str = "0.3.2";
 
 /// The last version of the 0.2 line (`wit/0.2/fleet.wit`), which the host serves too:
 /// wasmtime resolves the `@0.2.0` imports of older components to these semver-compatible
@@ -58,6 +61,7 @@ pub(crate) struct HostState {
     pub files: FileGrants,
     pub commands: StoreCommands,
     pub nvml: NvmlGrant,
+    pub likwid: LikwidGrant,
     /// When the current call must end; checked on every epoch tick.
     pub deadline: Instant,
     pub table: ResourceTable,
@@ -150,7 +154,7 @@ impl HostState {
 
 /// Links the interfaces of both worlds: `cc:fleet/types`, `cc:fleet/host` and
 /// `cc:fleet/files` of 0.2 and 0.3, and what 0.3 adds (`host.emit-lines`,
-/// `cc:fleet/commands`, and since 0.3.1 `cc:fleet/nvml`).
+/// `cc:fleet/commands`, since 0.3.1 `cc:fleet/nvml`, since 0.3.2 `cc:fleet/likwid`).
 pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     for version in [WIT_VERSION_02, WIT_VERSION] {
         add_shared(linker, version)?;
@@ -188,7 +192,89 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
             })
         },
     )?;
+    let mut lw = linker.instance(&format!("cc:fleet/likwid@{WIT_VERSION}"))?;
+    lw.func_wrap_async(
+        "topology",
+        |mut store: StoreContextMut<'_, HostState>, (): ()| {
+            Box::new(async move {
+                let grant = store.data().likwid.clone();
+                let begun = Instant::now();
+                let result = grant.topology().await.map(|threads| {
+                    threads
+                        .into_iter()
+                        .map(|t| wl::Hwthread {
+                            cpu: t.cpu,
+                            core: t.core,
+                            socket: t.socket,
+                            die: t.die,
+                        })
+                        .collect::<Vec<_>>()
+                });
+                store.data_mut().deadline += begun.elapsed();
+                Ok((result,))
+            })
+        },
+    )?;
+    lw.func_wrap_async(
+        "measure",
+        |mut store: StoreContextMut<'_, HostState>, (setup,): (wl::Setup,)| {
+            Box::new(async move {
+                let grant = store.data().likwid.clone();
+                let begun = Instant::now();
+                let result = likwid_measure(&grant, setup).await;
+                store.data_mut().deadline += begun.elapsed();
+                Ok((result,))
+            })
+        },
+    )?;
     Ok(())
+}
+
+/// `likwid.measure`: the setup checked into a plan (formulas parsed by the router's
+/// expression engine) here, measured on the LIKWID thread. The time it took is not charged to
+/// the call's CPU deadline, which moves on by as much: a round waits its duration.
+async fn likwid_measure(grant: &LikwidGrant, setup: wl::Setup) -> Result<wl::Round, String> {
+    let metric = |m: wl::Metric| MetricSpec {
+        name: m.name,
+        calc: m.calc,
+        scope: m.scope,
+    };
+    let sets: Vec<EventSetSpec> = setup
+        .event_sets
+        .into_iter()
+        .map(|s| EventSetSpec {
+            events: s.events,
+            metrics: s.metrics.into_iter().map(metric).collect(),
+        })
+        .collect();
+    let globals: Vec<MetricSpec> = setup.global_metrics.into_iter().map(metric).collect();
+    let plan = Plan::new(&sets, &globals)?;
+    let settings = likwid::Settings {
+        access_mode: match setup.access_mode {
+            wl::AccessMode::Direct => likwid::AccessMode::Direct,
+            wl::AccessMode::Accessdaemon => likwid::AccessMode::AccessDaemon,
+            wl::AccessMode::PerfEvent => likwid::AccessMode::PerfEvent,
+        },
+        lockfile: setup.lockfile_path.map(std::path::PathBuf::from),
+        force: setup.force_overwrite,
+        invalid_to_zero: setup.invalid_to_zero,
+        duration: std::time::Duration::from_nanos(setup.duration_ns),
+        keep_counting: setup.keep_counting,
+    };
+    let round = grant.measure(plan, settings).await?;
+    Ok(wl::Round {
+        values: round
+            .values
+            .into_iter()
+            .map(|v| wl::Value {
+                metric: v.name,
+                scope: v.scope.name().to_owned(),
+                scope_id: v.scope_id,
+                value: v.value,
+            })
+            .collect(),
+        skipped: round.skipped,
+    })
 }
 
 /// Runs `f` on the plugin's NVML library (loading it at first use) on a blocking thread,
@@ -197,7 +283,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
 /// on a node without the driver's persistence mode.
 async fn with_nvml<R: Send + 'static>(
     mut store: StoreContextMut<'_, HostState>,
-    f: impl FnOnce(&super::nvml::Nvml) -> Result<R, String> + Send + 'static,
+    f: impl FnOnce(&super::native::nvml::Nvml) -> Result<R, String> + Send + 'static,
 ) -> Result<R, String> {
     let grant = store.data().nvml.clone();
     let begun = Instant::now();

@@ -10,8 +10,8 @@
 use ccfleet_collectors::config::{FromOptions, Options, common};
 use ccfleet_collectors::{
     beegfs, cpufreq, cpufreq_cpuinfo, cpustat, customcmd, diskstat, gpfs, ibstat, iostat, ipmistat,
-    loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, nvidia, rapl, schedstat,
-    slurm_cgroup, smartmon, tempstat, topprocs,
+    likwid, loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, nvidia, rapl,
+    schedstat, slurm_cgroup, smartmon, tempstat, topprocs,
 };
 use serde_json::{Map, Value, json};
 
@@ -40,6 +40,32 @@ fn parse<C: FromOptions>(config: &str) -> Result<(), String> {
     options.finish()
 }
 
+/// Whether the `likwid` plugin accepts `config` and the agent its formulas (which the agent
+/// evaluates, with the router's expression engine).
+fn likwid_formulas(config: &str) -> Result<(), String> {
+    use crate::plugin::native::likwid_metrics::{EventSetSpec, MetricSpec, Plan as Formulas};
+    let mut options = Options::parse("likwid", config)?;
+    let shared = common(&mut options)?;
+    let plugin = <likwid::Likwid as FromOptions>::from_options(&mut options)?.with_common(&shared);
+    options.finish()?;
+    let metric = |m: &likwid::Metric| MetricSpec {
+        name: m.name.clone(),
+        calc: m.calc.clone(),
+        scope: m.scope.clone(),
+    };
+    let sets: Vec<EventSetSpec> = plugin
+        .config
+        .event_sets
+        .iter()
+        .map(|s| EventSetSpec {
+            events: s.events.clone(),
+            metrics: s.metrics.iter().map(metric).collect(),
+        })
+        .collect();
+    let globals: Vec<MetricSpec> = plugin.config.global_metrics.iter().map(metric).collect();
+    Formulas::new(&sets, &globals).map(|_| ())
+}
+
 /// Whether the plugin of `name` accepts `config`; `None` for a name without a plugin.
 pub fn check(name: &str, config: &str) -> Option<Result<(), String>> {
     Some(match name {
@@ -66,6 +92,7 @@ pub fn check(name: &str, config: &str) -> Option<Result<(), String>> {
         "lustrestat" => parse::<lustrestat::Lustrestat>(config),
         "gpfs" => parse::<gpfs::Gpfs>(config),
         "nvidia" => parse::<nvidia::Nvidia>(config),
+        "likwid" => likwid_formulas(config),
         "smartmon" => parse::<smartmon::Smartmon>(config),
         "beegfs_meta" => parse::<beegfs::BeegfsMeta>(config),
         "beegfs_storage" => parse::<beegfs::BeegfsStorage>(config),
@@ -441,7 +468,7 @@ pub fn plan(name: &str, config: &Map<String, Value>, run: Map<String, Value>) ->
         ),
         "ipmistat" | "lustrestat" | "gpfs" | "topprocs" | "smartmon" => (Vec::new(), false),
         "beegfs_meta" | "beegfs_storage" => (Vec::new(), true),
-        "nvidia" => (Vec::new(), false),
+        "nvidia" | "likwid" => (Vec::new(), false),
         "self" => return Plan::SelfSection,
         other => return Plan::Unsupported(unsupported_reason(other)),
     };
@@ -463,18 +490,58 @@ pub fn plan(name: &str, config: &Map<String, Value>, run: Map<String, Value>) ->
         // NVML through the agent; the driver's library on the node's loader path.
         capabilities.insert("nvml".to_owned(), Value::Bool(true));
     }
+    if name == "likwid" {
+        // LIKWID through the agent; its library is a setting of the node's own configuration.
+        capabilities.insert("likwid".to_owned(), Value::Bool(true));
+        if let Some(path) = config.get("liblikwid_path").and_then(Value::as_str)
+            && path.starts_with('/')
+        {
+            capabilities.insert("likwid-library".to_owned(), json!(path));
+        }
+    }
     Plan::Plugin {
         capabilities: Value::Object(capabilities),
     }
 }
 
+/// Moves the node-local keys of the `likwid` section out of the plugin's settings (the
+/// library went to `capabilities.likwid-library` in [`plan`]) and gives it the measurement
+/// time, cc-metric-collector's global `duration`; returns what changed.
+pub fn likwid_settings(
+    config: &mut Map<String, Value>,
+    duration: Option<&str>,
+) -> Vec<(String, Change)> {
+    let mut changes = Vec::new();
+    if config.remove("liblikwid_path").is_some() {
+        changes.push((
+            "liblikwid_path".to_owned(),
+            Change::Note(
+                "capabilities.likwid-library of the plugin entry (the agent's local \
+                 configuration)"
+                    .to_owned(),
+            ),
+        ));
+    }
+    if let Some(dir) = config.remove("accessdaemon_path") {
+        changes.push((
+            "accessdaemon_path".to_owned(),
+            Change::Note(format!(
+                "set CCFLEET_LIKWID_ACCESSDAEMON_PATH={} in the agent's environment",
+                dir.as_str().unwrap_or_default()
+            )),
+        ));
+    }
+    if let Some(duration) = duration
+        && !config.contains_key("duration")
+    {
+        config.insert("duration".to_owned(), json!(duration));
+    }
+    changes
+}
+
 /// Why a collector without a plugin is left out.
 fn unsupported_reason(name: &str) -> &'static str {
     match name {
-        "likwid" => {
-            "hardware performance counters need LIKWID's native library and its access daemon \
-             (or MSR and perf-event access with root rights), which no sandboxed plugin can use"
-        }
         "rocm_smi" => "AMD's rocm_smi is a native library no sandboxed plugin can load",
         _ => "cc-metric-collector has no collector of this name",
     }

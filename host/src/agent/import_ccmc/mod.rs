@@ -324,6 +324,14 @@ pub fn import(input: &Path, options: &ImportOptions) -> Result<Import, ImportErr
             }
             collectors::Plan::Plugin { capabilities } => {
                 let mut config = config.clone();
+                if name == "likwid" {
+                    let duration = source.duration.as_deref();
+                    for (key, change) in collectors::likwid_settings(&mut config, duration) {
+                        if let collectors::Change::Note(reason) = change {
+                            findings.note(&format!("{at}.{key}"), &reason);
+                        }
+                    }
+                }
                 if let Some(tags) = &meta_as_tags
                     && !config.contains_key("meta_as_tags")
                     && tags.as_slice() != ["unit"]
@@ -350,7 +358,7 @@ pub fn import(input: &Path, options: &ImportOptions) -> Result<Import, ImportErr
     {
         findings.note(
             "duration",
-            &format!("{duration}: the measurement time of likwid, which is left out"),
+            &format!("{duration}: the measurement time of likwid, its plugin's `duration`"),
         );
     }
     for name in source.receivers.keys() {

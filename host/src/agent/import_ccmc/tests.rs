@@ -206,7 +206,8 @@ fn unknown_and_unported_collectors_are_left_out_with_their_reason() {
     let import = run(json!({"collectors": {
         "likwid": {}, "rocm_smi": {}, "made_up": {},
         "loadavg": "not an object"}}));
-    assert!(reason(&import.left_out, "collectors.likwid").contains("LIKWID"));
+    // A likwid section without event sets is refused by the plugin's own parser.
+    assert!(reason(&import.left_out, "collectors.likwid").contains("eventsets"));
     assert!(reason(&import.left_out, "collectors.made_up").contains("no collector"));
     assert!(reason(&import.left_out, "collectors.loadavg").contains("JSON object"));
     assert_eq!(import.left_out.len(), 4);
@@ -575,4 +576,35 @@ fn nvidia_gets_the_nvml_grant() {
         plugin(&import, "nvidia")["capabilities"],
         json!({"nvml": true, "read-files": ["/proc/sys/kernel/hostname"]})
     );
+}
+
+#[test]
+fn likwid_keeps_its_event_sets_and_moves_node_settings_to_the_node() {
+    let import = run(json!({"duration": "10s", "collectors": {"likwid": {
+        "liblikwid_path": "/apps/likwid/lib/liblikwid.so",
+        "accessdaemon_path": "/apps/likwid/sbin",
+        "access_mode": "accessdaemon",
+        "eventsets": [{"events": {"PMC0": "FP_ARITH_INST_RETIRED_SCALAR_DOUBLE"},
+            "metrics": [{"name": "flops_dp", "calc": "1E-9*PMC0/time", "type": "hwthread",
+                "publish": true, "unit": "GFlops/s"}]}]}}}));
+    let plugin = &import.config["plugins"][0];
+    assert_eq!(plugin["name"], "likwid");
+    assert_eq!(plugin["capabilities"]["likwid"], true);
+    assert_eq!(
+        plugin["capabilities"]["likwid-library"],
+        "/apps/likwid/lib/liblikwid.so"
+    );
+    assert_eq!(plugin["config"]["duration"], "10s");
+    assert!(plugin["config"].get("liblikwid_path").is_none());
+    assert!(plugin["config"].get("accessdaemon_path").is_none());
+    assert!(
+        reason(&import.notes, "collectors.likwid.accessdaemon_path")
+            .contains("CCFLEET_LIKWID_ACCESSDAEMON_PATH=/apps/likwid/sbin")
+    );
+    // A formula the agent's expression engine cannot evaluate is reported now.
+    let bad = run(
+        json!({"collectors": {"likwid": {"eventsets": [{"events": {"PMC0": "X"},
+        "metrics": [{"name": "m", "calc": "PMC1", "type": "hwthread", "publish": true}]}]}}}),
+    );
+    assert!(reason(&bad.left_out, "collectors.likwid").contains("\"PMC1\""));
 }

@@ -21,14 +21,14 @@
 //! [`LIBRARY_ENV`] (tests point it at a stand-in library).
 
 use std::collections::HashMap;
-use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_ulonglong, c_void};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use ccfleet::untrusted::Untrusted;
 
-use super::bindings::cc::fleet::nvml::{
+use super::{Library, LibraryError, MAX_REASON, library_path};
+use crate::plugin::bindings::cc::fleet::nvml::{
     Clocks, Device as GpuDevice, EccMode, Memory, MigDevice, Nvlink, PciLocation, Readings,
     RemappedRows, Utilization, Violations,
 };
@@ -50,9 +50,6 @@ const NVLINK_MAX_LINKS: c_uint = 36;
 
 /// The size of the string buffers handed to NVML (its largest, the name and UUID, are 96).
 const STRING_BUFFER: usize = 128;
-
-/// The longest library error quoted in a message.
-const MAX_REASON: usize = 300;
 
 type Handle = *mut c_void;
 type Return = c_int;
@@ -178,8 +175,8 @@ struct Functions {
 /// A loaded and initialised NVML library.
 pub struct Nvml {
     functions: Functions,
-    /// The library's handle; never closed (see the module documentation).
-    _handle: *mut c_void,
+    /// The library; never closed (see the module documentation).
+    _library: Arc<Library>,
 }
 
 // SAFETY: NVML is thread-safe once initialised (its documentation: "all NVML calls are
@@ -188,37 +185,8 @@ unsafe impl Send for Nvml {}
 // SAFETY: as above.
 unsafe impl Sync for Nvml {}
 
-/// The libraries loaded so far, by the name they were loaded by.
+/// The initialised libraries, by the name they were loaded by.
 static LOADED: Mutex<Option<HashMap<PathBuf, Arc<Nvml>>>> = Mutex::new(None);
-
-/// The last `dlerror()` text, capped and escaped.
-fn dl_error() -> String {
-    // SAFETY: dlerror returns a thread-local, NUL-terminated string or null.
-    let text = unsafe { libc::dlerror() };
-    if text.is_null() {
-        return "unknown error".to_owned();
-    }
-    // SAFETY: not null, NUL-terminated by dlerror.
-    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
-    Untrusted(&text).capped(MAX_REASON).to_string()
-}
-
-/// Resolves `name` in `handle` as a function of type `F` (a function pointer type).
-///
-/// # Safety
-/// `F` must be the function's true type.
-unsafe fn symbol<F: Copy>(handle: *mut c_void, name: &CStr) -> Option<F> {
-    assert_eq!(size_of::<F>(), size_of::<*mut c_void>());
-    // SAFETY: handle came from dlopen, name is NUL-terminated.
-    let address = unsafe { libc::dlsym(handle, name.as_ptr()) };
-    if address.is_null() {
-        None
-    } else {
-        // SAFETY: a function pointer has the size of a data pointer on the platforms that
-        // have dlsym (checked above); the caller vouches for the type.
-        Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&address) })
-    }
-}
 
 impl Nvml {
     /// The library at `path` (a file, or a bare name the loader looks up), loaded and
@@ -235,22 +203,11 @@ impl Nvml {
     }
 
     fn load(path: &Path) -> Result<Nvml, String> {
-        let name = CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| "the library path holds a NUL byte".to_owned())?;
-        // SAFETY: loading a library runs its initialisers; that is what this grant is for.
-        let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if handle.is_null() {
-            return Err(dl_error());
-        }
-        let close = |reason: String| {
-            // SAFETY: the handle is not used after this.
-            unsafe { libc::dlclose(handle) };
-            reason
-        };
+        let library = Library::open(path).map_err(|e| e.to_string())?;
         macro_rules! sym {
             ($name:literal) => {
                 // SAFETY: each name is resolved as the type of NVML's declaration in nvml.h.
-                unsafe { symbol(handle, $name) }
+                unsafe { library.symbol($name) }
             };
         }
         let init: Option<FnInit> = sym!(c"nvmlInit_v2");
@@ -258,11 +215,13 @@ impl Nvml {
         let handle_by_index: Option<FnHandleByIndex> = sym!(c"nvmlDeviceGetHandleByIndex_v2");
         let (Some(init), Some(count), Some(handle_by_index)) = (init, count, handle_by_index)
         else {
-            return Err(close(
-                "the library lacks nvmlInit_v2, nvmlDeviceGetCount_v2 or \
-                 nvmlDeviceGetHandleByIndex_v2 (not NVML, or older than driver 325)"
+            return Err(LibraryError::SymbolMissing {
+                library: library.path().display().to_string(),
+                reason: "the library lacks nvmlInit_v2, nvmlDeviceGetCount_v2 or \
+                         nvmlDeviceGetHandleByIndex_v2 (not NVML, or older than driver 325)"
                     .to_owned(),
-            ));
+            }
+            .to_string());
         };
         let functions = Functions {
             count,
@@ -301,15 +260,16 @@ impl Nvml {
         };
         let nvml = Nvml {
             functions,
-            _handle: handle,
+            _library: library,
         };
         // SAFETY: nvmlInit_v2 takes no arguments.
         let rc = unsafe { init() };
         if rc != SUCCESS {
-            return Err(close(format!(
-                "nvmlInit_v2 failed: {}",
-                nvml.error_text(rc)
-            )));
+            return Err(LibraryError::InitFailed {
+                function: "nvmlInit_v2".to_owned(),
+                reason: nvml.error_text(rc),
+            }
+            .to_string());
         }
         Ok(nvml)
     }
@@ -681,12 +641,8 @@ impl NvmlGrant {
         if !granted {
             return NvmlGrant::default();
         }
-        let library = library
-            .map(Path::to_path_buf)
-            .or_else(|| std::env::var_os(LIBRARY_ENV).map(PathBuf::from))
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_LIBRARY));
         NvmlGrant {
-            library: Some(library),
+            library: Some(library_path(library, LIBRARY_ENV, DEFAULT_LIBRARY)),
         }
     }
 
