@@ -65,48 +65,52 @@ fn left_out(stdout: &str) -> Vec<String> {
 }
 
 /// Each published configuration (with the collectors file of each node type where a site
-/// keeps several) and what it cannot carry over: InfluxDB and Ganglia sinks and the
-/// collectors without a plugin.
+/// keeps several) and what it cannot carry over: Ganglia sinks. Every InfluxDB sink and
+/// every LIKWID section carries over.
 const SITES: &[(&str, Option<&str>, &[&str])] = &[
-    ("alex", None, &["sinks.nhrinflux"]),
-    ("fritz", None, &["sinks.fritzganglia", "sinks.nhrinflux"]),
+    ("alex", None, &[]),
+    ("fritz", None, &["sinks.fritzganglia"]),
+    ("fritz.spr", None, &["sinks.fritzganglia"]),
+    ("meggie-ng", None, &[]),
     (
-        "fritz.spr",
-        None,
-        &["sinks.fritzganglia", "sinks.nhrinflux"],
+        "tinyfat",
+        Some("collectors.bdw.json"),
+        &[],
     ),
-    ("meggie-ng", None, &["sinks.nhrinflux"]),
-    ("tinyfat", Some("collectors.bdw.json"), &["sinks.influx"]),
-    ("tinyfat", Some("collectors.rome.json"), &["sinks.influx"]),
+    (
+        "tinyfat",
+        Some("collectors.rome.json"),
+        &[],
+    ),
     (
         "tinygpu",
         Some("collectors.rome.a100.json"),
-        &["sinks.influx"],
+        &[],
     ),
     (
         "tinygpu",
         Some("collectors.skx.2080.json"),
-        &["sinks.influx"],
+        &[],
     ),
     (
         "tinygpu",
         Some("collectors.skx.3080.json"),
-        &["sinks.influx"],
+        &[],
     ),
     (
         "tinygpu",
         Some("collectors.skx.v100.json"),
-        &["sinks.influx"],
+        &[],
     ),
     (
         "woody-ng",
         Some("collectors.icx.json"),
-        &["sinks.nhrinflux"],
+        &[],
     ),
     (
         "woody-ng",
         Some("collectors.skl.json"),
-        &["sinks.nhrinflux"],
+        &[],
     ),
 ];
 
@@ -180,6 +184,38 @@ fn every_fau_configuration_converts_and_passes_check_config() {
             );
         }
         assert_eq!(config["fleet"]["url"], FLEET_URL);
+        // Every sink not named above carries over, InfluxDB's with its password in a file.
+        let source_sinks: Value =
+            serde_json::from_str(&std::fs::read_to_string(fau(site).join("sinks.json")).unwrap())
+                .unwrap();
+        for (name, sink) in source_sinks.as_object().unwrap() {
+            if expected.contains(&format!("sinks.{name}").as_str()) {
+                continue;
+            }
+            let written = &config["sinks"][name];
+            assert_eq!(written["type"], sink["type"], "{what}: sinks.{name}");
+            if sink["type"] == "influxasync" || sink["type"] == "influxdb" {
+                for key in ["host", "port", "database", "organization", "ssl"] {
+                    assert_eq!(written[key], sink[key], "{what}: sinks.{name}.{key}");
+                }
+                let file = dir.path().join(written["password_file"].as_str().unwrap());
+                assert_eq!(
+                    std::fs::read_to_string(file).unwrap(),
+                    sink["password"].as_str().unwrap(),
+                    "{what}"
+                );
+                assert!(
+                    !std::fs::read_to_string(&output)
+                        .unwrap()
+                        .contains("\"password\"")
+                );
+            }
+        }
+        if *site == "woody-ng" {
+            // Its http sink sends unit as a tag and its InfluxDB sink does not.
+            assert_eq!(config["sinks"]["nhrinflux"]["meta_as_tags"], json!([]));
+            assert!(config["sinks"]["woodystore"].get("meta_as_tags").is_none());
+        }
         // The cluster every metric is tagged with by the site's router.
         let cluster = match *site {
             "fritz.spr" => "fritz",

@@ -239,8 +239,8 @@ impl AgentConfig {
                 }
             }
         }
-        // cc-metric-store's JWTs.
-        files.extend(self.sinks.values().filter_map(|s| s.jwt_file.clone()));
+        // cc-metric-store's JWTs, InfluxDB's passwords.
+        files.extend(self.sinks.values().flat_map(|s| s.secret_files()));
         if let Some(dir) = cache_dir {
             let mut key = dir.as_os_str().to_owned();
             key.push(".key");

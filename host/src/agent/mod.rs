@@ -350,6 +350,7 @@ impl Agent {
             config.sinks.is_empty(),
             loops.track("metric output"),
             router,
+            &sinks::meta_tags::of_plugins(&config.plugins),
         )?;
 
         let plugins: Vec<PluginHandle> = config

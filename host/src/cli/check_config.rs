@@ -322,21 +322,23 @@ async fn check_agent(config: &AgentConfig, report: &mut Report) {
     }
     let cluster = fleet.as_ref().map(|f| f.cluster.as_str()).unwrap_or("");
     for (name, sink) in &config.sinks {
-        let note = match sink.kind {
-            ccfleet_host::agent::sinks::SinkType::Http => {
-                if let Some(file) = &sink.jwt_file
-                    && !file.is_file()
-                {
-                    report.errors.push(format!(
-                        "sinks.{name}.jwt-file {}: no such file",
-                        file.display()
-                    ));
-                }
+        use ccfleet_host::agent::sinks::SinkSettings;
+        for file in sink.secret_files() {
+            if !file.is_file() {
+                let key = match &sink.settings {
+                    SinkSettings::Http(_) => "jwt-file",
+                    _ => "password_file",
+                };
+                report.errors.push(format!(
+                    "sinks.{name}.{key} {}: no such file",
+                    file.display()
+                ));
+            }
+        }
+        let note = match &sink.settings {
+            SinkSettings::Http(http) => {
                 // Without user information, which may be a credential.
-                let shown = sink
-                    .url
-                    .as_deref()
-                    .and_then(|u| reqwest::Url::parse(u).ok())
+                let shown = reqwest::Url::parse(&http.url)
                     .map(|mut u| {
                         let _ = u.set_username("");
                         let _ = u.set_password(None);
@@ -345,13 +347,23 @@ async fn check_agent(config: &AgentConfig, report: &mut Report) {
                     .unwrap_or_default();
                 format!("sink {name}: cc-metric-store at {shown}")
             }
-            ccfleet_host::agent::sinks::SinkType::Nats if config.nats.is_none() => {
+            SinkSettings::Influx(kind, influx) => {
+                let shown = influx
+                    .write_url()
+                    .map(|mut u| {
+                        u.set_query(None);
+                        u.to_string()
+                    })
+                    .unwrap_or_default();
+                format!("sink {name}: {} at {shown}", kind.as_str())
+            }
+            SinkSettings::Nats(_) if config.nats.is_none() => {
                 report.errors.push(format!(
                     "sinks.{name} is of type nats but there is no nats section"
                 ));
                 continue;
             }
-            kind => format!("sink {name}: {}", kind.as_str()),
+            _ => format!("sink {name}: {}", sink.kind().as_str()),
         };
         report.notes.push(note);
     }

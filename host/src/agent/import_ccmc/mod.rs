@@ -274,23 +274,8 @@ pub fn import(input: &Path, options: &ImportOptions) -> Result<Import, ImportErr
         findings.note(key, "not a key cc-metric-collector reads: left out");
     }
 
-    let converted = sinks::convert(&source.sinks, &options.secrets_dir, &mut findings);
-    // cc-lib's sinks write the meta information they list as tags (none by default); the
-    // agent's plugins do it for every sink alike (`meta_as_tags`, default `["unit"]`).
-    let mut meta_sets = converted.meta_as_tags.iter();
-    let meta_as_tags = meta_sets.next().map(|(first, tags)| {
-        for (other, other_tags) in meta_sets {
-            if other_tags != tags {
-                findings.left_out(
-                    &format!("sinks.{other}.meta_as_tags"),
-                    &format!(
-                        "the agent's plugins write the same meta information as tags for every sink; taken from sinks.{first} ({tags:?}), not {other_tags:?}"
-                    ),
-                );
-            }
-        }
-        tags.clone()
-    });
+    let mut converted = sinks::convert(&source.sinks, &options.secrets_dir, &mut findings);
+    let meta_as_tags = sinks::share_meta_as_tags(&mut converted);
 
     let mut plugins = Vec::new();
     let mut self_section = None;

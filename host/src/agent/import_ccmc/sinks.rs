@@ -1,9 +1,10 @@
 //! cc-metric-collector's sinks (cc-lib's `sinks`), as the agent's sinks.
 //!
-//! The agent has three kinds: `http` (cc-metric-store's write API), `nats` and `stdout`.
-//! Their settings carry over; a JWT moves out of the configuration into a file of its own
-//! (the agent reads it from `jwt-file`), and the other kinds are named with the reason they
-//! are left out.
+//! `http` (cc-metric-store's write API), `nats`, `stdout`, `influxdb` and `influxasync`
+//! carry over; a JWT or an InfluxDB password moves out of the configuration into a file of
+//! its own (the agent reads it from `jwt-file`, `password_file`), and the other kinds are
+//! named with the reason they are left out. Each converted sink is read back with the
+//! agent's own parser, so what is written is what the agent accepts.
 
 use std::collections::BTreeMap;
 
@@ -25,6 +26,31 @@ pub struct Converted {
     pub meta_as_tags: BTreeMap<String, Vec<String>>,
 }
 
+/// cc-lib's keys of the `influxdb` and `influxasync` sinks, taken as they are (the agent's
+/// InfluxDB sinks read the same keys; `password` goes to a file).
+const INFLUX_KEYS: &[&str] = &[
+    "host",
+    "port",
+    "database",
+    "user",
+    "password",
+    "organization",
+    "ssl",
+    "batch_size",
+    "flush_delay",
+    "flush_interval",
+    "custom_flush_interval",
+    "precision",
+    "http_request_timeout",
+    "retry_interval",
+    "max_retry_interval",
+    "retry_exponential_base",
+    "max_retries",
+    "max_retry_attempts",
+    "max_retry_time",
+    "use_gzip",
+];
+
 fn text<'a>(config: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
     config
         .get(key)
@@ -34,11 +60,8 @@ fn text<'a>(config: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
 
 fn reason_for(kind: &str) -> String {
     match kind {
-        "influxdb" | "influxasync" => {
-            "the agent writes no InfluxDB: its sinks are cc-metric-store (http), NATS and standard output".to_owned()
-        }
         "ganglia" | "libganglia" => {
-            "the agent writes no Ganglia: its sinks are cc-metric-store (http), NATS and standard output".to_owned()
+            "the agent writes no Ganglia: its sinks are cc-metric-store (http), NATS, standard output and InfluxDB".to_owned()
         }
         "prometheus" => {
             "the agent serves no metric points for Prometheus to scrape (its /metrics holds its own figures)".to_owned()
@@ -68,6 +91,7 @@ pub fn convert(
             continue;
         };
         let mut sink = Map::new();
+        let secrets_before = out.secrets.len();
         let mut known: Vec<&str> = vec!["type", "meta_as_tags", "process_messages"];
         match kind {
             "http" => {
@@ -198,10 +222,43 @@ pub fn convert(
                 }
                 sink.insert("type".into(), json!("stdout"));
             }
+            "influxdb" | "influxasync" => {
+                known.extend(INFLUX_KEYS);
+                sink.insert("type".into(), json!(kind));
+                for key in INFLUX_KEYS {
+                    let Some(value) = config.get(*key) else {
+                        continue;
+                    };
+                    // cc-lib leaves an empty string out (`omitempty`).
+                    if value.as_str().is_some_and(str::is_empty) || value.is_null() {
+                        continue;
+                    }
+                    if *key == "password"
+                        && let Some(password) = value.as_str()
+                    {
+                        let file = format!("{secrets_dir}/{name}.password");
+                        out.secrets.push(Secret {
+                            path: file.clone().into(),
+                            contents: password.to_owned(),
+                        });
+                        sink.insert("password_file".into(), json!(file));
+                    } else {
+                        sink.insert((*key).into(), value.clone());
+                    }
+                }
+            }
             other => {
                 findings.left_out(&at, &reason_for(other));
                 continue;
             }
+        }
+        // What the agent would refuse is left out here, with its reason.
+        if let Err(why) = crate::agent::sinks::SinkConfig::from_map(sink.clone())
+            .and_then(|c| c.validate(name).map(|()| c))
+        {
+            findings.left_out(&at, &why);
+            out.secrets.truncate(secrets_before);
+            continue;
         }
         if let Some(rules) = config.get("process_messages")
             && rules.as_object().is_some_and(|m| !m.is_empty())
@@ -231,4 +288,29 @@ pub fn convert(
         out.sinks.insert(name.clone(), Value::Object(sink));
     }
     out
+}
+
+/// cc-lib's sinks write as tags the meta keys their own `meta_as_tags` names (none by
+/// default). The agent's plugins write meta as tags for every sink (their `meta_as_tags`,
+/// default `["unit"]`) and a sink's own `meta_as_tags` removes those it does not name: so
+/// the plugins get the union of the sinks' lists (returned; `None` without sinks), and a
+/// sink whose list is not the whole union keeps its list.
+pub fn share_meta_as_tags(converted: &mut Converted) -> Option<Vec<String>> {
+    if converted.meta_as_tags.is_empty() {
+        return None;
+    }
+    let union: std::collections::BTreeSet<&String> =
+        converted.meta_as_tags.values().flatten().collect();
+    let union: Vec<String> = union.into_iter().cloned().collect();
+    for (name, tags) in &converted.meta_as_tags {
+        let mut own = tags.clone();
+        own.sort();
+        own.dedup();
+        if own != union
+            && let Some(Value::Object(sink)) = converted.sinks.get_mut(name)
+        {
+            sink.insert("meta_as_tags".into(), json!(tags));
+        }
+    }
+    Some(union)
 }
