@@ -72,46 +72,14 @@ const SITES: &[(&str, Option<&str>, &[&str])] = &[
     ("fritz", None, &["sinks.fritzganglia"]),
     ("fritz.spr", None, &["sinks.fritzganglia"]),
     ("meggie-ng", None, &[]),
-    (
-        "tinyfat",
-        Some("collectors.bdw.json"),
-        &[],
-    ),
-    (
-        "tinyfat",
-        Some("collectors.rome.json"),
-        &[],
-    ),
-    (
-        "tinygpu",
-        Some("collectors.rome.a100.json"),
-        &[],
-    ),
-    (
-        "tinygpu",
-        Some("collectors.skx.2080.json"),
-        &[],
-    ),
-    (
-        "tinygpu",
-        Some("collectors.skx.3080.json"),
-        &[],
-    ),
-    (
-        "tinygpu",
-        Some("collectors.skx.v100.json"),
-        &[],
-    ),
-    (
-        "woody-ng",
-        Some("collectors.icx.json"),
-        &[],
-    ),
-    (
-        "woody-ng",
-        Some("collectors.skl.json"),
-        &[],
-    ),
+    ("tinyfat", Some("collectors.bdw.json"), &[]),
+    ("tinyfat", Some("collectors.rome.json"), &[]),
+    ("tinygpu", Some("collectors.rome.a100.json"), &[]),
+    ("tinygpu", Some("collectors.skx.2080.json"), &[]),
+    ("tinygpu", Some("collectors.skx.3080.json"), &[]),
+    ("tinygpu", Some("collectors.skx.v100.json"), &[]),
+    ("woody-ng", Some("collectors.icx.json"), &[]),
+    ("woody-ng", Some("collectors.skl.json"), &[]),
 ];
 
 #[test]
