@@ -25,9 +25,11 @@ if [[ $install -eq 1 ]]; then
     # where they are installed. The README's quickstart (run by host/tests/docs_snippets.rs)
     # uses curl and jq; the same test checks the systemd units with systemd-analyze. The
     # fleet status page is tested in headless Chromium through chromedriver
-    # (tests/server_status_browser.rs).
+    # (tests/server_status_browser.rs). The InfluxDB sinks are tested against VictoriaMetrics
+    # and InfluxDB 1.x, the LIKWID host interface against Debian's library where it loads.
     need=()
-    for pkg in rustc-web rust-web-src lld-22 wasi-libc curl jq systemd chromium chromium-driver; do
+    for pkg in rustc-web rust-web-src lld-22 wasi-libc curl jq systemd chromium chromium-driver \
+        victoria-metrics influxdb likwid; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
     done
     if ((${#need[@]})); then
