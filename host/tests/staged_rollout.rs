@@ -318,6 +318,7 @@ async fn a_healthy_version_that_downloads_slowly_never_trips_a_gate() {
                       "hostname": host, "config-poll-interval": "300ms", "heartbeat-interval": "1s"},
             "plugin-cache-dir": root.join("compiled"),
             "fleet-plugin-dir": root.join(&host).join("fleet-plugins"),
+            "fleet-ceiling": {"read-files": ["/proc/**"], "limits": {"call-timeout": "30s"}},
             "metrics-addr": "127.0.0.1:0",
             "metrics": {"type": "stdout"}
         });

@@ -301,15 +301,24 @@ impl Fetcher {
         // over any other failure, since it is the one that points at tampering.
         let mut failure = None;
         let mut bytes = None;
-        for base in &self.bases {
-            match self.download(base, sha256).await {
-                Ok(got) => {
-                    bytes = Some(got);
-                    break;
-                }
-                Err(error) => {
-                    if !matches!(failure, Some(FetchError::Mismatch { .. })) {
-                        failure = Some(error);
+        'servers: for base in &self.bases {
+            // A second try on a transport failure: a kept-alive connection the server has
+            // closed meanwhile (it drops idle ones) fails the first request sent on it, and
+            // a healthy version must not count as failed for it.
+            for attempt in 0..2 {
+                match self.download(base, sha256).await {
+                    Ok(got) => {
+                        bytes = Some(got);
+                        break 'servers;
+                    }
+                    Err(error) => {
+                        let again = attempt == 0 && matches!(error, FetchError::Download(_));
+                        if !matches!(failure, Some(FetchError::Mismatch { .. })) {
+                            failure = Some(error);
+                        }
+                        if !again {
+                            break;
+                        }
                     }
                 }
             }

@@ -2,7 +2,7 @@
 //! own configuration, which only the node's administrator writes.
 //!
 //! ```json
-//! "fleet-ceiling": {
+//! {"fleet-ceiling": {
 //!   "read-files": ["/proc/**", "/sys/**"],
 //!   "mount-info": true,
 //!   "run": {"ipmi-sensors": {"path": "/usr/bin/ipmitool", "args": ["sensor"], "timeout": "5s"}},
@@ -12,7 +12,7 @@
 //!   "min-collect-interval": "1s",
 //!   "max-plugins": 16,
 //!   "max-stored-mb": 1024
-//! }
+//! }}
 //! ```
 //!
 //! The section has the shape of a plugin's `capabilities` plus the largest `limits` and
