@@ -24,6 +24,7 @@ use alloc::vec::Vec;
 
 use serde_json::Value as Json;
 
+#[cfg(feature = "json")]
 use crate::config::{FromOptions, Options};
 use crate::{Sample, Value};
 
@@ -352,6 +353,9 @@ impl Config {
     }
 }
 
+// Beside the collector rather than in `config.rs` because its options are nested JSON the
+// collector's own parsers read.
+#[cfg(feature = "json")]
 impl FromOptions for Likwid {
     const NAME: &'static str = "likwid";
 
