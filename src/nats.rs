@@ -19,20 +19,25 @@ pub const ENV_NATS_PASSWORD: &str = "CC_NATS_PASSWORD";
 /// `nkey-seed-file`. Its `Debug` output never shows the credentials, including those an
 /// address may carry (`nats://user:password@host`).
 #[derive(Clone, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct NatsConfig {
-    /// The server, e.g. `nats://localhost:4222`.
+    /// The server, e.g. `nats://127.0.0.1:4222`; required in the section. Credentials in it
+    /// (`nats://user:password@host`, `nats://token@host`) are used as in Go's client unless
+    /// `username` and `password` are set, and never appear in logs or errors.
     pub address: String,
-    /// User name (used together with `password`).
+    /// User name (used together with `password`); `CC_NATS_USERNAME`, or the file
+    /// `CC_NATS_USERNAME_FILE` names, overrides it. Default: empty.
     #[serde(default)]
     pub username: String,
-    /// Password (used together with `username`).
+    /// Password (used together with `username`); `CC_NATS_PASSWORD`, or the file
+    /// `CC_NATS_PASSWORD_FILE` names, overrides it. Default: empty.
     #[serde(default)]
     pub password: String,
-    /// A `.creds` file (JWT and nkey seed).
+    /// A `.creds` file (JWT and nkey seed). Default: none.
     #[serde(default)]
     pub creds_file_path: String,
-    /// A file holding an nkey seed.
+    /// A file holding an nkey seed. Default: none.
     #[serde(default)]
     pub nkey_seed_file: String,
 }

@@ -221,23 +221,70 @@ impl fmt::Debug for Config {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawConfig {
+    /// Base URL of cc-backend or `ccfleet server`; an array lists several fleet servers in
+    /// order of preference (a request that fails with a connection error, a timeout, 5xx or
+    /// 429 goes to the next). One string is one server, as in Go: a comma-separated string
+    /// is refused, not split. Required.
     #[serde(default, deserialize_with = "url_list")]
+#[cfg_attr(feature = "schema", schemars(with = "Option<Urls>"))]
     url: Option<Vec<String>>,
+    /// JWT with the `api` role; `CC_FLEET_TOKEN`, else the file `CC_FLEET_TOKEN_FILE` names,
+    /// overrides it. Without any, the agent warns and the server answers 401 unless its
+    /// authentication is disabled. Default: empty.
     token: Option<String>,
+    /// The cluster this member belongs to. Default: empty, the infra scope.
     cluster: Option<String>,
+    /// The name to register under. Default: the system's host name.
     hostname: Option<String>,
+    /// Time between heartbeats (Go duration). Default `30s`.
     heartbeat_interval: Option<String>,
+    /// Time between configuration pulls, with ETags (Go duration). Default `60s`.
     config_poll_interval: Option<String>,
+    /// NATS subject of heartbeats; needs a `nats` section. Default: empty, heartbeats go
+    /// over REST.
     heartbeat_subject: Option<String>,
+    /// Prefix of the roster subjects. Default `cc.fleet.discovery`.
     discovery_subject_prefix: Option<String>,
+    /// File caching the last configuration, used when cc-backend is unreachable at start.
+    /// Default: none, no cache.
     cache_path: Option<String>,
+    /// The bound of one HTTP request to the fleet server (Go duration). Default `10s`.
     timeout: Option<String>,
+    /// Larger rosters are rejected and counted. Default 1048576.
     roster_max_bytes: Option<usize>,
+    /// Rosters listing more providers are rejected and counted. Default 10000.
     roster_max_providers: Option<usize>,
+    /// The fleet server's `JWT_PUBLIC_KEY`: only rosters it signed are accepted. Default:
+    /// empty, rosters need no signature.
     roster_public_key: Option<String>,
+    /// With a roster key: how far a roster's timestamp may lie from the local clock (Go
+    /// duration). Default `5m`.
     roster_max_age: Option<String>,
+}
+
+/// `url`: one server, or several in order of preference.
+#[cfg(feature = "schema")]
+#[derive(schemars::JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum Urls {
+    One(String),
+    Several(Vec<String>),
+}
+
+/// The JSON Schema of the `fleet` section, for the agent configuration's schema
+/// (`schemars(schema_with = ...)`).
+#[cfg(feature = "schema")]
+pub fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<RawConfig>();
+    schema.insert(
+        "description".to_owned(),
+        "The fleet client: how to reach the fleet server and who this member is.".into(),
+    );
+    schema
 }
 
 impl Config {

@@ -158,6 +158,7 @@ fn default_port() -> u16 {
 /// Read from the environment with [`Config::from_env`] (or from any lookup with
 /// [`Config::from_lookup`]), or deserialized from a config file section with kebab-case keys.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Config {
     /// The provider key (`PROVIDER`), matched case-insensitively.

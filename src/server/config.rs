@@ -92,13 +92,25 @@ pub enum RegistryConfig {
     JetStreamKv(super::registry::jetstream::JetStreamSettings),
 }
 
+/// Where the registry lives: `{"type": "sqlite"}` (the file `db`, the default) or
+/// `{"type": "jetstream-kv", ...}`, a key-value bucket several servers share (see the book's
+/// "Scale-out on JetStream").
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawRegistry {
+    /// `sqlite` (the file `db`) or `jetstream-kv` (a bucket shared by several servers, on the
+    /// `nats` connection).
     #[serde(rename = "type")]
     kind: String,
+    /// `jetstream-kv` only: the key-value bucket (letters, digits, `-`, `_`); created at
+    /// start-up if missing. Default `ccfleet`.
     bucket: Option<String>,
+    /// `jetstream-kv` only: replicas of the bucket when it is created, 1 to 5 (3 needs a NATS
+    /// cluster of at least 3 nodes). Default 1.
     replicas: Option<i64>,
+    /// `jetstream-kv` only: the roster publisher's lease (Go duration); failover takes at
+    /// most 5/3 of it. Default `5s`.
     lease_ttl: Option<String>,
 }
 
@@ -201,14 +213,29 @@ pub struct HeartbeatStreamConfig {
     pub ack_wait: Duration,
 }
 
+/// Opt-in: heartbeats read through a JetStream stream and a durable consumer every server
+/// shares, so heartbeats published while servers are down, slow or failing are kept. Needs
+/// `heartbeat-subject`, `nats` and JetStream on the NATS server; `{}` takes every default.
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawHeartbeatStream {
+    /// The stream (letters, digits, `-`, `_`); created at start-up if missing, used as it is
+    /// if present (it must capture `heartbeat-subject`). Default `ccfleet-heartbeats`.
     name: Option<String>,
+    /// The durable pull consumer every server shares (letters, digits, `-`, `_`). Default
+    /// `ccfleet-server`.
     consumer: Option<String>,
+    /// Replicas of the stream when it is created, 1 to 5. Default 1.
     replicas: Option<i64>,
+    /// Unconsumed heartbeats older than this are discarded (Go duration, at least `1s`).
+    /// Default `1h`.
     max_age: Option<String>,
+    /// Size bound of the stream in bytes (at least 1048576); when full, the oldest
+    /// heartbeats are discarded. Default 1 GiB.
     max_bytes: Option<i64>,
+    /// Time JetStream waits for an acknowledgement before it redelivers a message (Go
+    /// duration, at least `5s`); applied to the consumer at each start. Default `30s`.
     ack_wait: Option<String>,
 }
 
@@ -232,25 +259,56 @@ impl Default for FleetConfig {
     }
 }
 
+/// The server's configuration file (`ccfleet server --config FILE`): what cc-backend keeps
+/// in its `main` section at the top level, cc-lib's NATS client section as `nats`, and
+/// cc-backend's `main.fleet` keys, with the same defaults, as `fleet`.
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawConfig {
+    /// HTTP listen address, `host:port` (`0.0.0.0:8080` for every IPv4 address, `[::]:8080`
+    /// for IPv6); port 0 picks a free port. Default `127.0.0.1:8080`.
     addr: Option<String>,
+    /// SQLite file of the registry; its directory must exist; one server per file. Default:
+    /// none, the registry is kept in memory and lost on restart.
     db: Option<PathBuf>,
+    /// Client addresses allowed on `/api/`: exact addresses, `*`, or CIDR ranges. Default
+    /// `[]`: every address.
     #[serde(default)]
     api_allowed_ips: Vec<String>,
+    /// Peers (addresses or CIDR ranges) whose `X-Real-IP` / `X-Forwarded-For` name the client
+    /// for `api-allowed-ips`; from any other peer these headers are ignored, since every
+    /// client can send them. Behind a trusted proxy the client is `X-Real-IP`, else the
+    /// right-most `X-Forwarded-For` entry that is not itself a trusted proxy. Default `[]`.
     #[serde(default)]
     trusted_proxies: Vec<String>,
+    /// Time a client has to send a request's headers, from connecting or from the previous
+    /// response; idle keep-alive connections close after it too (Go duration). Default `10s`.
     http_header_timeout: Option<String>,
+    /// Longest pause while a request body arrives; the request then fails with 400 (Go
+    /// duration). Default `30s`.
     http_body_timeout: Option<String>,
+    /// Connections served at once; further clients wait in the listen backlog, so file
+    /// descriptors stay free for the registry and the configuration tree. Default 512.
     http_max_connections: Option<i64>,
+    /// Accept API requests without a token. Default `false`.
     #[serde(default)]
     disable_authentication: bool,
+    /// Standard base64 of the 32-byte Ed25519 public key that checks API tokens
+    /// (`ccfleet keygen`'s `JWT_PUBLIC_KEY=` line); required unless authentication is
+    /// disabled. Default: the `JWT_PUBLIC_KEY` environment variable.
     jwt_public_key: Option<String>,
+    /// Standard base64 of the 64-byte Ed25519 private key of the same pair
+    /// (`ccfleet keygen`'s `JWT_PRIVATE_KEY=` line); signs the discovery rosters. Default:
+    /// the `JWT_PRIVATE_KEY` environment variable, else none: rosters go out unsigned.
     jwt_private_key: Option<String>,
+    /// The NATS connection (heartbeats, rosters, the JetStream registry). Default: none, the
+    /// server runs REST only.
     nats: Option<NatsConfig>,
+    /// cc-backend's `main.fleet` settings.
     #[serde(default)]
     fleet: RawFleet,
+    /// Where the registry lives. Default `{"type": "sqlite"}`.
     registry: Option<RawRegistry>,
 }
 
@@ -258,21 +316,44 @@ struct RawConfig {
 // one and falls back to the default; this server refuses it instead (at start-up and in
 // `--check-config` alike): a typo such as "90 seconds" would otherwise run the fleet with a
 // value nobody chose, and the warning scrolls by unread.
+/// cc-backend's `main.fleet` keys, with its defaults.
 #[derive(Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawFleet {
+    /// Root of the configuration tree. Default: none, every configuration pull answers 204.
     config_dir: Option<PathBuf>,
+    /// Directory of WebAssembly components served by the SHA-256 of their content at
+    /// `GET /api/fleet/plugins/{sha256}`; it must be readable at start and hold every
+    /// component the configuration tree names by `sha256` (checked at start and by
+    /// `--check-config`). Default: none, every plugin download answers 404.
     plugin_dir: Option<PathBuf>,
+    /// Heartbeat age after which an `active` member becomes `stale` (Go duration). Default
+    /// `90s`.
     stale_after: Option<String>,
+    /// Period of the stale sweep (Go duration). Default `30s`.
     sweep_interval: Option<String>,
+    /// How often the leading server judges each staged rollout's stage, a look over every
+    /// covered member: about 70 ms at 100,000 (Go duration). Default `5s`.
     rollout_interval: Option<String>,
+    /// Period of the configuration tree rescan (Go duration). Default `60s`.
     config_reload_interval: Option<String>,
+    /// NATS subject of heartbeats, e.g. `cc.fleet.event`. Default: none, no NATS heartbeats.
     heartbeat_subject: Option<String>,
+    /// Heartbeat decoder tasks of the plain subscription. Default 2.
     heartbeat_concurrency: Option<i64>,
+    /// Heartbeat messages the NATS client holds while the consumer is busy, 1 to 4096;
+    /// beyond it messages are dropped and counted. Default 1024.
     heartbeat_pending_messages: Option<i64>,
+    /// Prefix of the roster subjects. Default `cc.fleet.discovery`.
     discovery_subject_prefix: Option<String>,
+    /// Period of the full roster re-publish (Go duration). Default `60s`.
     discovery_interval: Option<String>,
+    /// Delay that coalesces roster re-publishes after registry changes (Go duration;
+    /// cc-backend hard-codes two seconds). Default `2s`.
     discovery_debounce: Option<String>,
+    /// Read the heartbeat subject through a JetStream stream instead of a plain queue
+    /// subscription. Default: none.
     heartbeat_stream: Option<RawHeartbeatStream>,
 }
 
@@ -367,6 +448,13 @@ fn is_subscription_subject(subject: &str) -> bool {
 }
 
 impl ServerConfig {
+    /// The JSON Schema of the configuration file, its keys described by their documentation
+    /// (the book's configuration reference is generated from it).
+    #[cfg(feature = "schema")]
+    pub fn json_schema() -> schemars::Schema {
+        schemars::schema_for!(RawConfig)
+    }
+
     /// Parses the JSON configuration file text.
     ///
     /// Unknown keys, values of the wrong type (named by their key), an `addr` that is not

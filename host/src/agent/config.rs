@@ -31,12 +31,19 @@ use crate::PluginSpec;
 
 /// The whole agent configuration.
 #[derive(Clone, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct AgentConfig {
-    /// The service type this agent registers as (a code such as `ccmc`).
+    /// The service type this agent registers as: `ccms`, `ccmc`, `ccb`, `cces`, `ccsa`,
+    /// `ccnc` or `ccem`. Default `ccmc`.
     #[serde(default = "default_service_type")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub service_type: ServiceType,
     /// The fleet client's section, as `ccfleet::client::Config` reads it.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "ccfleet::client::config::json_schema")
+    )]
     pub fleet: serde_json::Value,
     /// Metadata registered with the instance (broadcast in rosters: no secrets).
     #[serde(default)]
@@ -47,31 +54,37 @@ pub struct AgentConfig {
     /// A service-discovery provider whose instances are merged with the fleet rosters.
     #[serde(default)]
     pub discovery: Option<ccfleet::discovery::provider::Config>,
-    /// How often discovery is refreshed.
+    /// How often discovery is refreshed (Go duration). Default `10s`.
     #[serde(default = "default_discovery_interval", with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub discovery_refresh_interval: Duration,
-    /// Where emitted metrics go (the single-sink form; `sinks` replaces it).
+    /// Where emitted points go when there is no `sinks` object (the single-sink form).
     #[serde(default)]
     pub metrics: MetricsConfig,
-    /// Named metric sinks, as cc-metric-collector configures them: `nats`, `http`
-    /// (cc-metric-store's write API) and `stdout`; every point goes to every sink.
+    /// Named metric sinks, as cc-metric-collector configures them; every point goes to every
+    /// sink. Replaces `metrics`. Default: none, the `metrics` section decides.
     #[serde(default)]
+#[cfg_attr(feature = "schema", schemars(with = "BTreeMap<String, super::sinks::schema::SinkSchema>"))]
     pub sinks: BTreeMap<String, super::sinks::SinkConfig>,
-    /// Where plugins the fleet names by SHA-256 are kept once downloaded; `fleet-plugins`
-    /// beside the compile cache by default.
+    /// Where plugins the fleet names by SHA-256 are kept once downloaded (mode 0700).
+    /// Default: `fleet-plugins` beside the compile cache.
     #[serde(default)]
     pub fleet_plugin_dir: Option<PathBuf>,
     /// The most the fleet may grant its plugins on this node (the node administrator's,
-    /// never the fleet's); the safe default of [`crate::plugin::ceiling`] when absent.
+    /// never the fleet's). Default: `read-files` under `/proc` and `/sys`, `mount-info` and
+    /// limits up to the agent's defaults; no commands, no native library, no WASI.
     #[serde(default)]
     pub fleet_ceiling: Option<crate::plugin::ceiling::Ceiling>,
-    /// Where compiled plugins are cached; the user cache directory by default.
+    /// Where compiled plugins are cached. Default: the user cache directory.
     #[serde(default)]
     pub plugin_cache_dir: Option<PathBuf>,
-    /// How often plugin files are checked for changes.
+    /// How often plugin files are checked for changes; a changed file is reloaded (Go
+    /// duration). Default `2s`.
     #[serde(default = "default_watch_interval", with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub plugin_watch_interval: Duration,
-    /// The plugins.
+    /// The plugins the node's administrator configures (the fleet's come from the
+    /// configuration tree).
     #[serde(default)]
     pub plugins: Vec<PluginSpec>,
     /// The file this configuration was read from (set by [`AgentConfig::load`]); it may hold
@@ -79,8 +92,10 @@ pub struct AgentConfig {
     #[serde(skip)]
     pub path: Option<PathBuf>,
     /// How long shutdown may take after SIGTERM or SIGINT, whatever NATS, cc-backend or the
-    /// plugins do; what has not finished by then is abandoned.
+    /// plugins do; what has not finished by then is abandoned, and a second signal exits at
+    /// once (Go duration). Default `10s`.
     #[serde(default = "default_shutdown_timeout", with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub shutdown_timeout: Duration,
     /// Where to serve `GET /metrics` (Prometheus text format), `GET /healthz` (alive) and
     /// `GET /readyz` (ready), e.g. `127.0.0.1:9102`; off when absent.
@@ -114,6 +129,15 @@ fn default_shutdown_timeout() -> Duration {
 
 fn default_watch_interval() -> Duration {
     Duration::from_secs(2)
+}
+
+impl AgentConfig {
+    /// The JSON Schema of the configuration file, its keys described by their documentation
+    /// (the book's configuration reference is generated from it).
+    #[cfg(feature = "schema")]
+    pub fn json_schema() -> schemars::Schema {
+        schemars::schema_for!(AgentConfig)
+    }
 }
 
 impl fmt::Debug for AgentConfig {
@@ -296,18 +320,22 @@ pub async fn connect_nats(
 
 /// Where metrics go.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct MetricsConfig {
-    /// `nats` or `stdout`; `nats` when a NATS section exists, else `stdout`.
+    /// `nats` or `stdout`. Default: `nats` with a `nats` section, else `stdout`; the agent
+    /// logs its choice at start.
     #[serde(default, rename = "type")]
     pub kind: Option<SinkKind>,
-    /// The NATS subject (default `cc.metric`, or `cc.metric.<cluster>` with a cluster).
+    /// NATS subject of the points. Default: `cc.metric.<cluster>`, or `cc.metric` without a
+    /// cluster.
     #[serde(default)]
     pub subject: Option<String>,
 }
 
 /// The metric sink's kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum SinkKind {
     /// Publish to NATS.

@@ -37,12 +37,15 @@ use super::observe::ObservedPlugin;
 use super::sinks::SinkInfo;
 use crate::plugin::sink::{Batch, SinkHandle};
 
-/// The agent's `"self"` section.
+/// The agent's `"self"` section: its own figures sent as metrics beside the plugins'
+/// (cc-metric-collector's `self` keys, each enabling a group, plus `read_agent_stats`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SelfConfig {
     /// How often the figures are sent (Go syntax, default `10s`).
     #[serde(default = "default_interval", with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub interval: Duration,
     /// Process memory (`mem_*`).
     #[serde(default)]

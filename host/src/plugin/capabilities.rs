@@ -35,6 +35,7 @@ const PSEUDO_FILESYSTEMS: [&str; 12] = [
 /// Capabilities granted to a plugin. Nothing is granted by default: the plugin sees only
 /// the `cc:fleet/host` interface, and `cc:fleet/files` refuses every path.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Capabilities {
     /// Links WASI (clocks, random, stdio discarded; no network, no environment). A component

@@ -62,6 +62,7 @@ fn escalation(grant: impl Into<String>) -> Escalation {
 
 /// What the fleet may grant its plugins on this node.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub struct Ceiling {
     /// The widest capabilities; `run` defines the commands the fleet may name.
@@ -72,6 +73,7 @@ pub struct Ceiling {
     pub limits: Limits,
     /// The shortest `collect-interval`.
     #[serde(with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub min_collect_interval: Duration,
     /// The most plugins the fleet may name.
     pub max_plugins: usize,

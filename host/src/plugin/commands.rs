@@ -79,6 +79,7 @@ const READ_CHUNK: usize = 64 << 10;
 
 /// One entry of `capabilities.run`: a command the plugin may run by the entry's name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RunGrant {
     /// The executable, an absolute path; a link is followed once, when the plugin starts.
@@ -91,6 +92,7 @@ pub struct RunGrant {
     pub user: Option<String>,
     /// How long the command may run before its process group is killed.
     #[serde(default = "default_timeout", with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub timeout: Duration,
     /// The most bytes of standard output and error together; more is an error.
     #[serde(default = "default_max_output")]

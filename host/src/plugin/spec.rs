@@ -25,6 +25,7 @@ use crate::plugin::HostError;
 
 /// One plugin of the agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PluginSpec {
     /// The name used in logs and events; defaults to the file's stem.
@@ -41,6 +42,7 @@ pub struct PluginSpec {
         with = "optional_go_duration",
         skip_serializing_if = "Option::is_none"
     )]
+#[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     pub collect_interval: Option<Duration>,
     /// Resource limits.
     #[serde(default)]
@@ -119,6 +121,7 @@ impl PluginSpec {
 
 /// Per-plugin resource limits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct Limits {
     /// Linear memory, summed over the component's memories, in MiB.
@@ -126,6 +129,7 @@ pub struct Limits {
     /// CPU deadline of one call into the plugin (epoch interruption), also bounding the
     /// call's wall-clock time.
     #[serde(with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub call_timeout: Duration,
     /// The most points one `emit` call may carry.
     pub max_points: u32,
@@ -150,12 +154,15 @@ pub struct Limits {
     pub restart_budget: u32,
     /// Delay before the first restart; it doubles with each further restart.
     #[serde(with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub restart_backoff: Duration,
     /// The longest delay between restarts.
     #[serde(with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub max_restart_backoff: Duration,
     /// A plugin that has run this long without failing gets its restart budget back.
     #[serde(with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub healthy_period: Duration,
 }
 

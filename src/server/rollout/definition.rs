@@ -105,7 +105,7 @@ pub struct Definition {
     pub digest: i64,
 }
 
-const KEYS: [&str; 8] = [
+pub(crate) const KEYS: [&str; 8] = [
     "type",
     "cluster",
     "change",
@@ -115,7 +115,7 @@ const KEYS: [&str; 8] = [
     "rollback-failed",
     "min-time",
 ];
-const STAGE_KEYS: [&str; 6] = [
+pub(crate) const STAGE_KEYS: [&str; 6] = [
     "hosts",
     "percent",
     "min-time",

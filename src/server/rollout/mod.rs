@@ -24,6 +24,8 @@
 pub(crate) mod api;
 pub mod definition;
 pub mod gates;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod share;
 pub mod state;
 

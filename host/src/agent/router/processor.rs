@@ -26,6 +26,7 @@ use super::units::{Prefix, Unit, scale};
 
 /// One `{"if", "key", "value"}` rule as configured.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct KeyRuleConfig {
     /// The tag, meta or field key.
@@ -40,6 +41,7 @@ pub struct KeyRuleConfig {
 
 /// The `process_messages` object.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ProcessorConfig {
     /// Stages in the order to run them; cc-lib's default order when empty.
     #[serde(default)]
@@ -107,6 +109,7 @@ pub struct ProcessorConfig {
     pub add_base_env: BTreeMap<String, serde_json::Value>,
     /// Keys cc-lib ignores too (its README's example carries one); named in a warning.
     #[serde(flatten)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
     pub unknown: BTreeMap<String, serde_json::Value>,
 }
 

@@ -38,6 +38,7 @@ const MAX_LOGGED_CONDITIONS: usize = 64;
 
 /// A deprecated `add_tags` / `delete_tags` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LegacyTagRule {
     /// The tag.
@@ -52,6 +53,7 @@ pub struct LegacyTagRule {
 
 /// One `interval_aggregates` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AggregateConfig {
     /// The new metric's name.
@@ -71,6 +73,7 @@ pub struct AggregateConfig {
 
 /// The agent's `router` key: cc-metric-collector's `router.json`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RouterConfig {
     /// The tag that carries the host name.
@@ -212,6 +215,15 @@ pub struct Router {
 
 /// ccfleet's default interval for `interval_timestamp` and aggregates.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
+
+impl RouterConfig {
+    /// The JSON Schema of the `router` section, its keys described by their documentation
+    /// (the book's configuration reference is generated from it).
+    #[cfg(feature = "schema")]
+    pub fn json_schema() -> schemars::Schema {
+        schemars::schema_for!(RouterConfig)
+    }
+}
 
 impl Router {
     /// Compiles the `router` key; `hostname` is the host's name (its short form is used).

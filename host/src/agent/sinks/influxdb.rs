@@ -23,6 +23,7 @@ pub const DEFAULT_RETRY_BUFFER: usize = 100_000;
 
 /// A port as cc-lib gives it: a string (`"8086"`) or a number.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum Port {
     /// `"8086"`.
@@ -45,6 +46,7 @@ impl Port {
 
 /// Which of InfluxDB's write APIs the sink uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Api {
     /// `/api/v2/write` (InfluxDB 2.x, 1.8 and later, VictoriaMetrics), as cc-lib writes.
@@ -57,6 +59,7 @@ pub enum Api {
 /// The keys of an `influxdb` or `influxasync` sink: cc-lib's, plus `api`, `password_file`
 /// and `retry_buffer`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct InfluxConfig {
     /// The server's host name or address.
@@ -88,24 +91,29 @@ pub struct InfluxConfig {
     pub batch_size: usize,
     /// The longest a point waits for its batch to fill (`influxdb`).
     #[serde(default, deserialize_with = "optional_duration")]
+#[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     pub flush_delay: Option<Duration>,
     /// `influxasync`: the flush interval in milliseconds.
     #[serde(default)]
     pub flush_interval: Option<u64>,
     /// `influxasync`: the flush interval as a duration.
     #[serde(default, deserialize_with = "optional_duration")]
+#[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     pub custom_flush_interval: Option<Duration>,
     /// `s` (cc-lib's default), `ms`, `us` or `ns`: timestamps are sent in this unit.
     #[serde(default = "default_precision")]
     pub precision: String,
     /// The bound of one request.
     #[serde(default = "default_timeout", with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub http_request_timeout: Duration,
     /// The first retry's delay.
     #[serde(default = "default_retry_interval", with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub retry_interval: Duration,
     /// The longest delay between retries.
     #[serde(default = "default_max_retry_interval", with = "serde_go")]
+#[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub max_retry_interval: Duration,
     /// What the delay is multiplied with after each failure in a row.
     #[serde(default = "default_base")]
@@ -119,6 +127,7 @@ pub struct InfluxConfig {
     pub max_retry_attempts: Option<u32>,
     /// How long a batch is retried before it is dropped.
     #[serde(default, deserialize_with = "optional_duration")]
+#[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     pub max_retry_time: Option<Duration>,
     /// Points kept for retrying; when full, the oldest batch is dropped.
     #[serde(default = "default_retry_buffer")]

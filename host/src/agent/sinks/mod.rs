@@ -30,6 +30,8 @@ pub mod influxdb;
 mod kind;
 pub mod meta_tags;
 pub mod nats;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod stdout;
 
 use std::collections::BTreeMap;

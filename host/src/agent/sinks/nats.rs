@@ -11,6 +11,7 @@ use crate::sink::Batch;
 
 /// The keys of a `nats` sink.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct NatsConfig {
     /// The subject (default `cc.metric`, or `cc.metric.<cluster>` with a cluster).

@@ -11,6 +11,7 @@ use crate::sink::Batch;
 
 /// The keys of a `stdout` sink: none beside the shared ones.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct StdoutConfig {}
 
