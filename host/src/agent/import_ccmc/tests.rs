@@ -213,6 +213,36 @@ fn a_setting_the_plugin_refuses_leaves_the_collector_out_naming_it() {
     assert_eq!(import.config["plugins"].as_array().unwrap().len(), 1);
 }
 
+/// A cgroup directory that is not an absolute path (or holds a pattern's characters) would
+/// become a `read-files` pattern the agent refuses or one wider than meant: the collector is
+/// left out naming the key, rather than written into a configuration that does not load.
+#[test]
+fn a_slurm_cgroup_directory_that_is_no_absolute_path_is_left_out_naming_it() {
+    for (key, value) in [
+        ("cgroup_base", "slurm.slice"),
+        ("cgroup_base", ""),
+        ("cgroup_base", "/sys/fs/cgroup/*"),
+        ("cgroup_base", "/sys/fs/cgroup/../../etc"),
+        ("cgroup_v1_root", "sys/fs/cgroup"),
+    ] {
+        let import = run(json!({"collectors": {
+            "slurm_cgroup": {key: value}, "loadavg": {}}}));
+        assert_eq!(
+            keys(&import.left_out),
+            ["collectors.slurm_cgroup"],
+            "{key}={value}"
+        );
+        let why = reason(&import.left_out, "collectors.slurm_cgroup");
+        assert!(
+            why.contains(key) && why.contains("absolute"),
+            "{key}={value}: {why}"
+        );
+    }
+    let import = run(json!({"collectors": {
+        "slurm_cgroup": {"cgroup_base": "/sys/fs/cgroup/system.slice/slurmstepd.scope/"}}}));
+    assert!(import.left_out.is_empty(), "{:?}", keys(&import.left_out));
+}
+
 #[test]
 fn unknown_and_unported_collectors_are_left_out_with_their_reason() {
     let import = run(json!({"collectors": {
