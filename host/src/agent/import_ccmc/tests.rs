@@ -109,7 +109,6 @@ fn sinks_the_agent_lacks_are_left_out_with_their_reason() {
         [
             "sinks.basic",
             "sinks.file",
-            "sinks.ganglia",
             "sinks.influx",
             "sinks.notobject",
             "sinks.notype",
@@ -124,12 +123,45 @@ fn sinks_the_agent_lacks_are_left_out_with_their_reason() {
         "{:?}",
         import.left_out
     );
+    assert!(reason(&import.left_out, "sinks.prom").contains("missing field `port`"));
     assert!(reason(&import.left_out, "sinks.basic").contains("basic authentication"));
     assert!(reason(&import.left_out, "sinks.odd").contains("\"carrier-pigeon\""));
     assert!(reason(&import.left_out, "sinks.file").contains("output_file"));
-    // Nothing left to write to: standard output, said so.
-    assert_eq!(import.config["metrics"], json!({"type": "stdout"}));
-    assert!(keys(&import.notes).contains(&"sinks"));
+    assert_eq!(
+        import.config["sinks"]["ganglia"],
+        json!({"type": "libganglia"})
+    );
+}
+
+#[test]
+fn prometheus_and_ganglia_sinks_carry_over_with_cc_libs_keys() {
+    let import = run(json!({"sinks": {
+        "prom": {"type": "prometheus", "host": "", "port": "9091", "path": "metrics",
+                 "group_as_namespace": true, "meta_as_tags": []},
+        "gm": {"type": "ganglia", "gmetric_path": "/usr/bin/gmetric",
+               "gmetric_config": "/etc/ganglia/gmond.conf", "add_ganglia_group": true,
+               "add_tags_as_desc": false, "cluster_name": "fritz", "add_type_to_name": true,
+               "add_units": true},
+        "lib": {"type": "libganglia", "gmond_config": "/etc/ganglia/gmond.conf",
+                "libganglia_path": "libganglia.so.0", "add_ganglia_group": true}}}));
+    assert!(import.left_out.is_empty(), "{:?}", import.left_out);
+    assert_eq!(
+        import.config["sinks"]["prom"],
+        json!({"type": "prometheus", "port": "9091", "path": "metrics",
+               "group_as_namespace": true, "meta_as_tags": []})
+    );
+    assert_eq!(
+        import.config["sinks"]["gm"],
+        json!({"type": "ganglia", "gmetric_path": "/usr/bin/gmetric",
+               "gmetric_config": "/etc/ganglia/gmond.conf", "add_ganglia_group": true,
+               "add_tags_as_desc": false, "cluster_name": "fritz", "add_type_to_name": true,
+               "add_units": true})
+    );
+    assert_eq!(
+        import.config["sinks"]["lib"],
+        json!({"type": "libganglia", "gmond_config": "/etc/ganglia/gmond.conf",
+               "libganglia_path": "libganglia.so.0", "add_ganglia_group": true})
+    );
 }
 
 #[test]
