@@ -307,11 +307,20 @@ fn the_checker_finds_broken_links_anchors_and_orphans() {
 #[test]
 fn heading_ids_follow_mdbook() {
     for (heading, id) in [
-        ("Fleet status: API, command and web page", "fleet-status-api-command-and-web-page"),
+        (
+            "Fleet status: API, command and web page",
+            "fleet-status-api-command-and-web-page",
+        ),
         ("The `self` collector", "the-self-collector"),
-        ("Agent health: `/healthz` and `/readyz`", "agent-health-healthz-and-readyz"),
+        (
+            "Agent health: `/healthz` and `/readyz`",
+            "agent-health-healthz-and-readyz",
+        ),
         ("[Linked](x.md) *emphasis*", "linked-emphasis"),
-        ("`meta_as_tags` and `cc:fleet@0.3.2`", "meta_as_tags-and-ccfleet032"),
+        (
+            "`meta_as_tags` and `cc:fleet@0.3.2`",
+            "meta_as_tags-and-ccfleet032",
+        ),
     ] {
         assert_eq!(heading_id(&heading_text(heading)), id, "{heading}");
     }

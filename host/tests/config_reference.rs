@@ -88,14 +88,18 @@ fn cell(text: &str) -> String {
     out.replace('|', "\\|")
 }
 
-impl Walk<'_> {
+impl<'a> Walk<'a> {
     /// The schema a `$ref` names, with the referring schema's own description kept.
-    fn resolve<'s>(&'s self, node: &'s Value) -> (Option<&'s str>, &'s Value) {
+    fn resolve<'s>(&self, node: &'s Value) -> (Option<&'s str>, &'s Value)
+    where
+        'a: 's,
+    {
+        let defs: &'a Map<String, Value> = self.defs;
         let name = node
             .get("$ref")
             .and_then(Value::as_str)
             .and_then(|r| r.strip_prefix("#/$defs/"));
-        match name.and_then(|n| self.defs.get(n)) {
+        match name.and_then(|n| defs.get(n)) {
             Some(target) => (name, target),
             None => (None, node),
         }
@@ -132,7 +136,10 @@ impl Walk<'_> {
                 .join(", ");
         }
         if let Some(value) = node.get("const") {
-            return format!("`{}`", value.as_str().map_or(value.to_string(), str::to_owned));
+            return format!(
+                "`{}`",
+                value.as_str().map_or(value.to_string(), str::to_owned)
+            );
         }
         let types: Vec<&str> = match node.get("type") {
             Some(Value::String(t)) => vec![t.as_str()],
@@ -216,11 +223,7 @@ impl Walk<'_> {
             .and_then(Value::as_str);
         match description {
             Some(text) if !text.trim().is_empty() => {
-                let row = (
-                    format!("`{path}`"),
-                    self.type_name(node),
-                    cell(text),
-                );
+                let row = (format!("`{path}`"), self.type_name(node), cell(text));
                 // A key several shapes share (each sink's `type`) is listed once.
                 if !self.rows.iter().any(|r| r.0 == row.0) {
                     self.rows.push(row);
@@ -235,7 +238,10 @@ impl Walk<'_> {
 fn plural(type_name: &str) -> String {
     match type_name {
         "string" | "integer" | "number" | "boolean" | "object" => format!("{type_name}s"),
-        other => other.to_owned(),
+        other => match other.strip_prefix("object,") {
+            Some(rest) => format!("objects,{rest}"),
+            None => other.to_owned(),
+        },
     }
 }
 
@@ -247,13 +253,6 @@ fn render(page: &Page) -> (String, Vec<String>) {
         .get("$defs")
         .and_then(Value::as_object)
         .unwrap_or(&empty);
-    let mut walk = Walk {
-        defs,
-        rows: Vec::new(),
-        undocumented: Vec::new(),
-        page: page.file,
-    };
-    walk.children("", &page.schema);
     let mut out = String::new();
     writeln!(
         out,
@@ -263,15 +262,57 @@ fn render(page: &Page) -> (String, Vec<String>) {
     )
     .unwrap();
     writeln!(out, "# {}\n", page.title).unwrap();
+    let mut undocumented = Vec::new();
     match page.schema.get("description").and_then(Value::as_str) {
         Some(text) => writeln!(out, "{}\n", text.trim()).unwrap(),
-        None => walk.undocumented.push("(the file itself)".to_owned()),
+        None => undocumented.push("(the file itself)".to_owned()),
     }
-    writeln!(out, "| key | type | meaning |\n|---|---|---|").unwrap();
-    for (key, type_name, description) in &walk.rows {
-        writeln!(out, "| {key} | {type_name} | {description} |").unwrap();
+    // A file whose `type` chooses its shape (a sink) gets a section per shape, so that
+    // each key is listed under the kinds that have it.
+    let kinds: Vec<(&str, &Value)> = page
+        .schema
+        .get("oneOf")
+        .and_then(Value::as_array)
+        .map(|alternatives| {
+            alternatives
+                .iter()
+                .filter_map(|a| Some((a.pointer("/properties/type/const")?.as_str()?, a)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let sections: Vec<(Option<&str>, &Value)> = if kinds.is_empty() {
+        vec![(None, &page.schema)]
+    } else {
+        kinds.into_iter().map(|(k, a)| (Some(k), a)).collect()
+    };
+    for (kind, schema) in sections {
+        let mut walk = Walk {
+            defs,
+            rows: Vec::new(),
+            undocumented: Vec::new(),
+            page: page.file,
+        };
+        walk.children("", schema);
+        if let Some(kind) = kind {
+            writeln!(out, "## `{kind}`\n").unwrap();
+            match schema.get("description").and_then(Value::as_str) {
+                Some(text) => writeln!(out, "{}\n", text.trim()).unwrap(),
+                None => undocumented.push(format!("(the kind {kind})")),
+            }
+        }
+        writeln!(out, "| key | type | meaning |\n|---|---|---|").unwrap();
+        for (key, type_name, description) in &walk.rows {
+            writeln!(out, "| {key} | {type_name} | {description} |").unwrap();
+        }
+        if kind.is_some() {
+            writeln!(out).unwrap();
+        }
+        undocumented.extend(walk.undocumented);
     }
-    (out, walk.undocumented)
+    while out.ends_with("\n\n") {
+        out.pop();
+    }
+    (out, undocumented)
 }
 
 fn reference_dir() -> PathBuf {

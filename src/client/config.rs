@@ -229,7 +229,7 @@ struct RawConfig {
     /// 429 goes to the next). One string is one server, as in Go: a comma-separated string
     /// is refused, not split. Required.
     #[serde(default, deserialize_with = "url_list")]
-#[cfg_attr(feature = "schema", schemars(with = "Option<Urls>"))]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<Urls>"))]
     url: Option<Vec<String>>,
     /// JWT with the `api` role; `CC_FLEET_TOKEN`, else the file `CC_FLEET_TOKEN_FILE` names,
     /// overrides it. Without any, the agent warns and the server answers 401 unless its

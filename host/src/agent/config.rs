@@ -37,7 +37,7 @@ pub struct AgentConfig {
     /// The service type this agent registers as: `ccms`, `ccmc`, `ccb`, `cces`, `ccsa`,
     /// `ccnc` or `ccem`. Default `ccmc`.
     #[serde(default = "default_service_type")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub service_type: ServiceType,
     /// The fleet client's section, as `ccfleet::client::Config` reads it.
     #[cfg_attr(
@@ -56,7 +56,7 @@ pub struct AgentConfig {
     pub discovery: Option<ccfleet::discovery::provider::Config>,
     /// How often discovery is refreshed (Go duration). Default `10s`.
     #[serde(default = "default_discovery_interval", with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub discovery_refresh_interval: Duration,
     /// Where emitted points go when there is no `sinks` object (the single-sink form).
     #[serde(default)]
@@ -64,7 +64,10 @@ pub struct AgentConfig {
     /// Named metric sinks, as cc-metric-collector configures them; every point goes to every
     /// sink. Replaces `metrics`. Default: none, the `metrics` section decides.
     #[serde(default)]
-#[cfg_attr(feature = "schema", schemars(with = "BTreeMap<String, super::sinks::schema::SinkSchema>"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "BTreeMap<String, super::sinks::schema::SinkSchema>")
+    )]
     pub sinks: BTreeMap<String, super::sinks::SinkConfig>,
     /// Where plugins the fleet names by SHA-256 are kept once downloaded (mode 0700).
     /// Default: `fleet-plugins` beside the compile cache.
@@ -81,7 +84,7 @@ pub struct AgentConfig {
     /// How often plugin files are checked for changes; a changed file is reloaded (Go
     /// duration). Default `2s`.
     #[serde(default = "default_watch_interval", with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub plugin_watch_interval: Duration,
     /// The plugins the node's administrator configures (the fleet's come from the
     /// configuration tree).
@@ -95,7 +98,7 @@ pub struct AgentConfig {
     /// plugins do; what has not finished by then is abandoned, and a second signal exits at
     /// once (Go duration). Default `10s`.
     #[serde(default = "default_shutdown_timeout", with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub shutdown_timeout: Duration,
     /// Where to serve `GET /metrics` (Prometheus text format), `GET /healthz` (alive) and
     /// `GET /readyz` (ready), e.g. `127.0.0.1:9102`; off when absent.

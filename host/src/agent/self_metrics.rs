@@ -45,7 +45,7 @@ use crate::plugin::sink::{Batch, SinkHandle};
 pub struct SelfConfig {
     /// How often the figures are sent (Go syntax, default `10s`).
     #[serde(default = "default_interval", with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub interval: Duration,
     /// Process memory (`mem_*`).
     #[serde(default)]

@@ -73,7 +73,7 @@ pub struct Ceiling {
     pub limits: Limits,
     /// The shortest `collect-interval`.
     #[serde(with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub min_collect_interval: Duration,
     /// The most plugins the fleet may name.
     pub max_plugins: usize,

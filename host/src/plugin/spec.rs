@@ -42,7 +42,7 @@ pub struct PluginSpec {
         with = "optional_go_duration",
         skip_serializing_if = "Option::is_none"
     )]
-#[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     pub collect_interval: Option<Duration>,
     /// Resource limits.
     #[serde(default)]
@@ -129,7 +129,7 @@ pub struct Limits {
     /// CPU deadline of one call into the plugin (epoch interruption), also bounding the
     /// call's wall-clock time.
     #[serde(with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub call_timeout: Duration,
     /// The most points one `emit` call may carry.
     pub max_points: u32,
@@ -154,15 +154,15 @@ pub struct Limits {
     pub restart_budget: u32,
     /// Delay before the first restart; it doubles with each further restart.
     #[serde(with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub restart_backoff: Duration,
     /// The longest delay between restarts.
     #[serde(with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub max_restart_backoff: Duration,
     /// A plugin that has run this long without failing gets its restart budget back.
     #[serde(with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub healthy_period: Duration,
 }
 

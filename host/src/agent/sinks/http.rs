@@ -37,22 +37,22 @@ pub struct HttpConfig {
     pub batch_size: usize,
     /// The longest a point waits for its batch to fill.
     #[serde(default = "default_flush_delay", with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub flush_delay: Duration,
     /// The bound of one request.
     #[serde(default = "default_timeout", with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub timeout: Duration,
     /// Points kept for retrying; when full, the oldest batch is dropped.
     #[serde(default = "default_retry_buffer")]
     pub retry_buffer: usize,
     /// The first retry's delay; it doubles with each failure in a row.
     #[serde(default = "default_retry_backoff", with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub retry_backoff: Duration,
     /// The longest delay between retries.
     #[serde(default = "default_max_retry_backoff", with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub max_retry_backoff: Duration,
     /// Compress request bodies (`Content-Encoding: gzip`).
     #[serde(default)]

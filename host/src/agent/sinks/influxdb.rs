@@ -33,7 +33,8 @@ pub enum Port {
 }
 
 impl Port {
-    fn number(&self) -> Result<u16, String> {
+    /// The port number.
+    pub fn number(&self) -> Result<u16, String> {
         match self {
             Port::Number(n) => Ok(*n),
             Port::Text(s) => s
@@ -91,29 +92,29 @@ pub struct InfluxConfig {
     pub batch_size: usize,
     /// The longest a point waits for its batch to fill (`influxdb`).
     #[serde(default, deserialize_with = "optional_duration")]
-#[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     pub flush_delay: Option<Duration>,
     /// `influxasync`: the flush interval in milliseconds.
     #[serde(default)]
     pub flush_interval: Option<u64>,
     /// `influxasync`: the flush interval as a duration.
     #[serde(default, deserialize_with = "optional_duration")]
-#[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     pub custom_flush_interval: Option<Duration>,
     /// `s` (cc-lib's default), `ms`, `us` or `ns`: timestamps are sent in this unit.
     #[serde(default = "default_precision")]
     pub precision: String,
     /// The bound of one request.
     #[serde(default = "default_timeout", with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub http_request_timeout: Duration,
     /// The first retry's delay.
     #[serde(default = "default_retry_interval", with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub retry_interval: Duration,
     /// The longest delay between retries.
     #[serde(default = "default_max_retry_interval", with = "serde_go")]
-#[cfg_attr(feature = "schema", schemars(with = "String"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub max_retry_interval: Duration,
     /// What the delay is multiplied with after each failure in a row.
     #[serde(default = "default_base")]
@@ -127,7 +128,7 @@ pub struct InfluxConfig {
     pub max_retry_attempts: Option<u32>,
     /// How long a batch is retried before it is dropped.
     #[serde(default, deserialize_with = "optional_duration")]
-#[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     pub max_retry_time: Option<Duration>,
     /// Points kept for retrying; when full, the oldest batch is dropped.
     #[serde(default = "default_retry_buffer")]

@@ -3,9 +3,11 @@
 //! then the keys of its `type`); the types here describe that shape, and a test holds them
 //! to every kind the agent knows.
 
+use super::ganglia::{GangliaConfig, LibgangliaConfig};
 use super::http::HttpConfig;
 use super::influxdb::InfluxConfig;
 use super::nats::NatsConfig;
+use super::prometheus::PrometheusConfig;
 use super::stdout::StdoutConfig;
 
 /// The keys every sink has, and those of its type.
@@ -47,6 +49,14 @@ pub enum SinkSchema {
     /// cc-lib's non-blocking InfluxDB sink: the same writer (every sink is non-blocking in
     /// the agent), with cc-lib's `influxasync` keys.
     Influxasync(WithCommon<InfluxConfig>),
+    /// Serve the latest value of each series at `http://host:port/path` for Prometheus to
+    /// scrape, in its text exposition format, as cc-lib's sink does.
+    Prometheus(WithCommon<PrometheusConfig>),
+    /// Send gmond's XDR packets over UDP to the send channels of a `gmond.conf` (or to
+    /// `host`/`port`), with cc-lib's `ganglia` keys (cc-lib ran `gmetric` per point).
+    Ganglia(WithCommon<GangliaConfig>),
+    /// The same packets with cc-lib's `libganglia` keys (cc-lib called libganglia).
+    Libganglia(WithCommon<LibgangliaConfig>),
 }
 
 impl super::SinkConfig {
@@ -59,8 +69,8 @@ impl super::SinkConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::super::kind::SinkType;
     use super::super::SinkConfig;
+    use super::super::kind::SinkType;
 
     #[test]
     fn every_kind_of_sink_is_described() {
@@ -69,13 +79,24 @@ mod tests {
             .as_array()
             .unwrap()
             .iter()
-            .map(|variant| variant["properties"]["type"]["const"].as_str().unwrap().to_owned())
+            .map(|variant| {
+                variant["properties"]["type"]["const"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
             .collect();
-        let known: Vec<String> = SinkType::ALL.iter().map(|k| k.as_str().to_owned()).collect();
+        let known: Vec<String> = SinkType::ALL
+            .iter()
+            .map(|k| k.as_str().to_owned())
+            .collect();
         let mut described_sorted = described.clone();
         described_sorted.sort();
         let mut known_sorted = known;
         known_sorted.sort();
-        assert_eq!(described_sorted, known_sorted, "document every sink type in SinkSchema");
+        assert_eq!(
+            described_sorted, known_sorted,
+            "document every sink type in SinkSchema"
+        );
     }
 }
