@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one-node scale figures of the README ("Performance"): for 100 000 and 1 000 000
+# The one-node scale figures of the book ("Performance: Registrations and heartbeats"): for 100 000 and 1 000 000
 # instances, a registration storm through the HTTP API with sequential and with random host
 # names (registrations/s, latency, bytes written, WAL, the server's memory per instance),
 # then the heartbeat fan-in through a real nats-server and the registry stage alone.

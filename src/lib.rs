@@ -12,6 +12,58 @@
 //! - [`json_config`]: configuration files read so that a mistake names its key and form.
 //! - `discovery` (feature `discovery`): one `Discoverer` over Nomad, Kubernetes, DNS, static,
 //!   local, remote and fleet rosters.
+#![cfg_attr(
+    feature = "client",
+    doc = r#"
+# Embedding the fleet client
+
+A service joins the fleet as cc-lib's Go `fleet` package lets it: register, pull the
+configuration, heartbeat, receive rosters, deregister (`examples/fleet_client.rs` is a whole
+program).
+
+```no_run
+use std::time::Duration;
+
+use ccfleet::client::{Client, Config, Options};
+use ccfleet::wire::ServiceType;
+
+# async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+// The `fleet` section of the service's own configuration file.
+let config = Config::from_value(serde_json::json!({
+    "url": "http://127.0.0.1:8080",
+    "token": "<a JWT with the api role>",
+    "cluster": "fritz",
+    "cache-path": "./var/fleet-config.json"
+}))?;
+let client = Client::new(Options::new(config, ServiceType::MetricCollector))?;
+
+// Register and pull the configuration; with the server unreachable, start from the cached
+// configuration (or none) and let `run` register once the server answers.
+let initial = match client.bootstrap(Duration::from_secs(10)).await {
+    Ok(update) => update,
+    Err(e) if e.is_unreachable() => e.into_fallback(),
+    Err(e) => return Err(e.into()),
+};
+println!("configuration {:?} from {}", initial.revision, initial.source);
+
+// Heartbeats, configuration pulls and rosters run in the background.
+let runner = client.clone();
+let run = tokio::spawn(async move { runner.run().await });
+let mut configs = client.configs();
+let mut rosters = client.rosters();
+tokio::select! {
+    Some(update) = configs.recv() => println!("new configuration {:?}", update.revision),
+    Some(providers) = rosters.recv() => println!("{} providers", providers.len()),
+}
+
+// Stops `run`, then deregisters.
+client.close(Duration::from_secs(5)).await?;
+run.await??;
+# Ok(())
+# }
+```
+"#
+)]
 #![warn(missing_docs)]
 
 // `alloc` by name: the line-protocol encoder's files are shared with the no_std guest SDK.
@@ -40,3 +92,9 @@ pub mod tls;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The Rust examples of the book (`docs/`), compiled and run as doc tests so they stay
+/// true; `host/tests/docs_snippets.rs` checks that every page with one is listed here.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/src/architecture/codec.md")]
+pub struct BookDoctests;

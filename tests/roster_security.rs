@@ -323,13 +323,16 @@ async fn a_client_without_a_key_takes_signed_and_unsigned_rosters_and_unknown_ty
     setup.server.shutdown().await.unwrap();
 }
 
-/// The nats-server `authorization` block the README recommends, with passwords filled in.
+/// The nats-server `authorization` block the book recommends, with passwords filled in.
 fn documented_permissions() -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/src/security/rosters.md"
+    ))
+    .expect("docs/src/security/rosters.md");
     let start = readme
         .find("```text\nauthorization {")
-        .expect("the README documents NATS permissions")
+        .expect("the book documents NATS permissions")
         + "```text\n".len();
     let end = start + readme[start..].find("```").expect("end of the block");
     readme[start..end]

@@ -19,7 +19,7 @@
 //! [`CHILD_CONFIG`] naming a server configuration (see `chaos_server_process`).
 //!
 //! Short by default (about a minute); the long form is set by environment variables (see
-//! the README, "Chaos test"): `CHAOS_DURATION` (fault phase, e.g. `30m`), `CHAOS_SEEDS`
+//! the book, "Scale-out and high availability: Chaos test"): `CHAOS_DURATION` (fault phase, e.g. `30m`), `CHAOS_SEEDS`
 //! (comma-separated; each seed is one run), `CHAOS_MEMBERS`, `CHAOS_LOG_DIR` (keeps the
 //! servers' logs there). A violation fails the test
 //! and names its seed; the same seed replays the same faults (timing still varies).

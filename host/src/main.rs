@@ -90,7 +90,7 @@ fn usage_error(err: clap::Error) -> ExitCode {
 
 /// Turns transparent huge pages off for this process (and the commands it starts). mimalloc
 /// advises the kernel to back its arenas with 2 MiB pages, so every arena region the agent
-/// touches at all became resident whole: half of a small agent's anonymous memory (README
+/// touches at all became resident whole: half of a small agent's anonymous memory (the book,
 /// "Node cost beside cc-metric-collector"). Its allocations are small and few, and a page
 /// fault more now and then costs it nothing measurable. Done before the runtime starts, so
 /// almost nothing has been touched yet; a failure (a kernel without the option) leaves

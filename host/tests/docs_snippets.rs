@@ -1,13 +1,13 @@
-//! Every snippet of `README.md` and `guest/README.md` is checked here, so the docs cannot
-//! drift from the code:
+//! Every snippet of `README.md`, `guest/README.md` and the book (`docs/src/**/*.md`) is
+//! checked here, so the docs cannot drift from the code:
 //!
 //! - a JSON block is preceded by `<!-- file: PATH -->` and must equal that file, which must
 //!   parse with the real parser (server or agent configuration, configuration tree layer);
 //!   `<!-- merged: DIR SCOPE CLUSTER TYPE HOST -->` blocks must equal what the server's
 //!   configuration tree serves;
 //! - Rust and TOML blocks of the guest README equal the files of `guest/plugins/hello`, which
-//!   the guest build compiles and this test loads; the main README's Rust runs as a doc test
-//!   of the `ccfleet` crate;
+//!   the guest build compiles and this test loads; the Rust of the main README and of the
+//!   book runs as doc tests of the `ccfleet` crate;
 //! - the shell block marked `<!-- test: run -->` (the quickstart) runs against the built
 //!   `ccfleet`, a server on a free loopback port and the example plugins; every other shell
 //!   line that invokes `ccfleet`, `cargo` or a script is checked against the real command
@@ -79,9 +79,31 @@ fn blocks(doc: &str) -> Vec<Block> {
     out
 }
 
+/// The pages of the book, relative to the repository, in a stable order.
+fn book_pages() -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                let rel = path.strip_prefix(repo_root()).unwrap();
+                out.push(rel.to_str().unwrap().to_owned());
+            }
+        }
+    }
+    let mut pages = Vec::new();
+    walk(&repo_root().join("docs/src"), &mut pages);
+    pages.sort();
+    pages
+}
+
 fn all_blocks() -> Vec<Block> {
     let mut all = blocks("README.md");
     all.extend(blocks("guest/README.md"));
+    for page in book_pages() {
+        all.extend(blocks(&page));
+    }
     all
 }
 
@@ -115,9 +137,25 @@ fn parse_with_real_parser(rel: &str, text: &str) {
 
 #[test]
 fn every_json_toml_and_guest_rust_block_is_a_checked_file() {
+    let lib = std::fs::read_to_string(repo_root().join("src/lib.rs")).unwrap();
+    let host_lib = std::fs::read_to_string(repo_root().join("host/src/lib.rs")).unwrap();
     let mut checked = 0;
     for block in all_blocks() {
-        if !matches!(block.lang.as_str(), "json" | "toml") && block.origin.starts_with("README") {
+        // The Rust of the main README and of the book runs as doc tests (`src/lib.rs`),
+        // unless it is a copy of a guest file.
+        if block.lang.starts_with("rust")
+            && marked(&block, "file:").is_none()
+            && (block.origin.starts_with("README") || block.origin.starts_with("docs/"))
+        {
+            let page = block.origin.split(':').next().unwrap();
+            assert!(
+                page == "README.md"
+                    || lib.contains(&format!("include_str!(\"../{page}\")"))
+                    || host_lib.contains(&format!("include_str!(\"../../{page}\")")),
+                "{}: a Rust block of the book runs as a doc test: include {page} in src/lib.rs \
+                 or host/src/lib.rs",
+                block.origin
+            );
             continue;
         }
         if !matches!(block.lang.as_str(), "json" | "toml" | "rust") {
@@ -128,7 +166,7 @@ fn every_json_toml_and_guest_rust_block_is_a_checked_file() {
                 .unwrap_or_else(|e| panic!("{}: {rel}: {e}", block.origin));
             assert_eq!(
                 block.text, file,
-                "{}: the block differs from {rel}; copy the file into the README",
+                "{}: the block differs from {rel}; copy the file into the page",
                 block.origin
             );
             parse_with_real_parser(rel, &file);
@@ -188,7 +226,7 @@ fn check_merged(block: &Block, spec: &str) {
     let shown: Value = serde_json::from_str(&block.text).unwrap();
     assert_eq!(
         shown, served,
-        "{}: the README shows a merge the server does not serve",
+        "{}: the page shows a merge the server does not serve",
         block.origin
     );
 }
@@ -456,10 +494,20 @@ fn copy_tree(from: &Path, to: &Path) {
 /// which runs until Ctrl-C, gets SIGINT once it has printed its first `load_one` point.
 #[test]
 fn the_quickstart_runs_as_written() {
-    let block = all_blocks()
+    // The README's quickstart and the book's Getting started are the same commands.
+    let mut quickstarts = all_blocks()
         .into_iter()
-        .find(|b| b.lang == "sh" && marked(b, "test:") == Some("run"))
+        .filter(|b| b.lang == "sh" && marked(b, "test:") == Some("run"));
+    let block = quickstarts
+        .next()
         .expect("the README has a quickstart marked <!-- test: run -->");
+    for other in quickstarts {
+        assert_eq!(
+            other.text, block.text,
+            "{}: differs from the quickstart at {}",
+            other.origin, block.origin
+        );
+    }
     let components = support::guests::components();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port().to_string();
@@ -673,12 +721,8 @@ fn source_text(dir: &Path, out: &mut String) {
 
 #[test]
 fn every_troubleshooting_entry_quotes_a_line_the_code_writes() {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let section = readme
-        .split("## Troubleshooting")
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .expect("the README has a troubleshooting section");
+    let section = std::fs::read_to_string(repo_root().join("docs/src/operator/troubleshooting.md"))
+        .expect("the book has a troubleshooting page");
     let mut sources = String::new();
     source_text(&repo_root().join("src"), &mut sources);
     source_text(&repo_root().join("host/src"), &mut sources);

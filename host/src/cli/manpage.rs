@@ -2,9 +2,9 @@
 //!
 //! clap_mangen renders the name, synopsis, description and options of every page.
 //! `ccfleet-server(1)` and `ccfleet-agent(1)` get what an operator reaches for besides:
-//! CONFIGURATION (every key of the file: taken from the README's reference tables, compiled
-//! in, so the page and the README cannot tell two stories), EXIT STATUS, ENVIRONMENT and
-//! EXAMPLES.
+//! CONFIGURATION (every key of the file: taken from the book's configuration reference,
+//! which is generated from the configuration types, compiled in, so the page and the book
+//! cannot tell two stories), EXIT STATUS, ENVIRONMENT and EXAMPLES.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -85,8 +85,10 @@ fn render(man: &clap_mangen::Man, command: &clap::Command) -> anyhow::Result<Vec
     Ok(page)
 }
 
-/// The README, whose configuration reference tables the pages carry.
-const README: &str = include_str!("../../../README.md");
+/// The book's reference pages, whose key tables the pages carry.
+const SERVER_REFERENCE: &str = include_str!("../../../docs/src/reference/server.md");
+const AGENT_REFERENCE: &str = include_str!("../../../docs/src/reference/agent.md");
+const SINKS_REFERENCE: &str = include_str!("../../../docs/src/reference/sinks.md");
 
 /// Text as roff source: backslashes and hyphens escaped, and a line that would start with a
 /// control character protected.
@@ -105,7 +107,7 @@ fn roff_text(text: &str) -> String {
         .join("\n")
 }
 
-/// A table cell of the README as plain text: code spans lose their backticks, links keep
+/// A table cell of the book as plain text: code spans lose their backticks, links keep
 /// their text, escaped pipes become pipes.
 fn plain_cell(cell: &str) -> String {
     let mut out = String::new();
@@ -148,45 +150,41 @@ fn cells(row: &str) -> Vec<String> {
     cells
 }
 
-/// The first `| key | type | default | meaning |` table after the heading `heading`, as
-/// roff paragraphs: the key (with `prefix` before it) in bold, then its type, default and
-/// meaning.
-fn key_table(heading: &str, prefix: &str) -> String {
-    let Some(start) = README.find(&format!("\n{heading}\n")) else {
-        return String::new();
-    };
+/// Every row of the `| key | type | meaning |` tables of a reference page, as roff
+/// paragraphs: the key (with `prefix` before it) in bold, then its type and meaning. A key
+/// several tables list (each sink kind's `queue-size`) comes once.
+fn key_table(page: &str, prefix: &str) -> String {
     let mut out = String::new();
+    let mut seen = std::collections::BTreeSet::new();
     let mut in_table = false;
-    for line in README[start + 1..].lines().skip(1) {
+    for line in page.lines() {
         if line.starts_with("| key |") {
             in_table = true;
             continue;
         }
-        if !in_table {
-            if line.starts_with("## ") {
-                break;
-            }
-            continue;
-        }
-        if line.starts_with("|---") {
-            continue;
-        }
         if !line.starts_with('|') {
-            break;
+            in_table = false;
+            continue;
+        }
+        if !in_table || line.starts_with("|---") {
+            continue;
         }
         let row = cells(line);
-        let [key, kind, default, meaning] = &row[..] else {
+        let [key, kind, meaning] = &row[..] else {
             continue;
         };
+        let key = plain_cell(key);
+        if !seen.insert(key.clone()) {
+            continue;
+        }
         out.push_str(".TP\n");
         out.push_str(&format!(
             "\\fB{}\\fR\n",
-            roff_text(&format!("{prefix}{}", plain_cell(key)))
+            roff_text(&format!("{prefix}{key}"))
         ));
         out.push_str(&roff_text(&format!(
-            "{}; default: {}. {}",
+            "{}. {}",
             plain_cell(kind),
-            plain_cell(default),
             plain_cell(meaning)
         )));
         out.push('\n');
@@ -246,7 +244,7 @@ fn server_sections() -> String {
         "CONFIGURATION",
         "The file given with --config holds one JSON object. Unknown keys are errors; a value of the wrong type names its key and the form it takes. Relative paths (db, fleet.config-dir, fleet.plugin-dir) are resolved against the directory of the file. Durations use Go's syntax (30s, 1m30s, 1.5h); one that does not parse, or is not positive, is an error. The keys:",
     );
-    out.push_str(&key_table("## Server configuration", ""));
+    out.push_str(&key_table(SERVER_REFERENCE, ""));
     let mut status = EXIT_STATUS.to_vec();
     status.push((
         "128 + N",
@@ -301,12 +299,12 @@ fn agent_sections() -> String {
         "CONFIGURATION",
         "The file given with --config holds one JSON object. Unknown keys are errors; a value of the wrong type names its key and the form it takes. Relative paths (plugin path, plugin-cache-dir, fleet-plugin-dir, fleet.cache-path, nats.creds-file-path, nats.nkey-seed-file, sinks.<name>.jwt-file) are resolved against the directory of the file. Durations use Go's syntax (30s, 1m30s, 1.5h). The keys:",
     );
-    out.push_str(&key_table("## Agent configuration", ""));
+    out.push_str(&key_table(AGENT_REFERENCE, ""));
     out.push_str(&section(
         "METRIC SINKS",
         "The sinks object names outputs; every point goes to every sink, each with its own bounded queue. The keys of one sink:",
     ));
-    out.push_str(&key_table("### Metric sinks", "sinks.<name>."));
+    out.push_str(&key_table(SINKS_REFERENCE, "sinks.<name>."));
     let mut status = EXIT_STATUS.to_vec();
     status.push((
         "128 + N",
