@@ -82,6 +82,9 @@ cargo fmt --all -- --check
 say "cargo clippy"
 cargo clippy --workspace --all-features --all-targets -- -D warnings
 
+say "cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --all-features
+
 # The `ccfleet` that builds the plugins is the one the tests run: built with the tests'
 # features, it is built once for both (built with its own, it would be compiled twice).
 say "building ccfleet"

@@ -52,7 +52,7 @@ const TOKEN_MINT_TIMEOUT: Duration = Duration::from_secs(8);
 const OPERATION: &str = "listing kubernetes pods";
 
 /// How to reach and authenticate to a Kubernetes API server; see the
-/// [module documentation](self).
+/// documentation of this module (`src/discovery/kubernetes.rs`).
 pub struct KubernetesApi {
     base: Url,
     http: reqwest::Client,

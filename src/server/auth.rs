@@ -166,7 +166,7 @@ const VERIFIED_CACHE_MAX: usize = 4096;
 /// registration; a fleet's agents present the same few tokens over and over. So the
 /// claims of a token whose signature verified are kept under the SHA-512 digest of the
 /// token (never the token itself), in a cache shared by the clones of a verifier and
-/// bounded to [`VERIFIED_CACHE_MAX`] entries (emptied when full). The time claims are
+/// bounded to `VERIFIED_CACHE_MAX` entries (emptied when full). The time claims are
 /// checked on every use, so an expired token is refused from the cache too.
 #[derive(Clone)]
 pub struct Verifier {

@@ -55,7 +55,7 @@ pub enum ServerError {
         source: std::io::Error,
     },
     /// The NATS connection cannot be set up. The text has passed [`crate::nats::scrub`]:
-    /// build it with [`ServerError::nats`].
+    /// build it with `ServerError::nats`.
     #[error("nats: {0}")]
     Nats(String),
     /// A background task panicked.

@@ -1,6 +1,6 @@
 //! The shared part of the host: one wasmtime `Engine` with epoch interruption, its ticker, the
 //! linkers (with and without WASI) and the compile cache. The ticker advances the epoch only
-//! while a call into a plugin runs ([`Runtime::enter_call`]): an idle agent's ticker thread
+//! while a call into a plugin runs (`Runtime::enter_call`): an idle agent's ticker thread
 //! sleeps until the next call instead of waking every tick. Plugins are loaded here into an
 //! `InstancePre`, which every (re)instantiation of the plugin reuses, and each instantiation
 //! gets a fresh store from `Runtime::new_store`. This layer knows nothing of supervision.

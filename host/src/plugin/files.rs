@@ -9,7 +9,7 @@
 //!   [`MAX_PATH`] bytes;
 //! - the per-process entries of `/proc` (`/proc/self`, `/proc/thread-self`, `/proc/<pid>`
 //!   for every process and every thread), the kernel's memory and log files in `/proc` and
-//!   all of `/dev` are refused whatever the grant ([`denied`]);
+//!   all of `/dev` are refused whatever the grant (`denied`);
 //! - symbolic links are resolved on the host and the result checked again: it must stay
 //!   under the file root, in the same top-level tree as the path asked for (`/sys` stays in
 //!   `/sys`), and must not be refused. The one per-process place reachable is the network

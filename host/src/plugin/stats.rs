@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::commands::{CommandSnapshot, CommandStats};
 
-/// The exported functions whose calls are counted, in the order of [`PluginStats::calls`].
+/// The exported functions whose calls are counted, in the order of `PluginStats::calls`.
 pub const CALLS: [&str; 5] = ["init", "on-config", "on-roster", "on-instances", "collect"];
 
 /// Upper bounds (in seconds) of the latency histogram's buckets; a last bucket takes the rest.

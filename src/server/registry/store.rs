@@ -29,7 +29,7 @@ pub trait RegistryStore: Send {
     }
 
     /// How long a storm's group of registrations waits for more before it is written, at
-    /// most (see [`GROUP_COMMIT_SIBLINGS`]): worth it where every commit rewrites pages and
+    /// most (see `GROUP_COMMIT_SIBLINGS`): worth it where every commit rewrites pages and
     /// syncs; none by default, where writes are independent and a wait only adds latency.
     fn group_gather(&self) -> Duration {
         Duration::ZERO

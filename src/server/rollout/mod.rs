@@ -10,7 +10,7 @@
 //!   it is back within one poll interval, and a stage's `min-time` covers that). Servers
 //!   sharing a JetStream registry pass the reports that changed on to each other over NATS
 //!   ([`share`]), so the lease holder judges every member, whichever server it polls.
-//! - One task per server ([`spawn`]) looks at every rollout each second. On the server
+//! - One task per server (`spawn`) looks at every rollout each second. On the server
 //!   that leads (the only one with a registry of its own, or the lease holder of a shared
 //!   one) it checks, every `fleet.rollout-interval` (default 5 s), the current stage's
 //!   gates ([`gates`]) and advances, pauses or rolls back; every decision is logged once
@@ -18,7 +18,7 @@
 //!   bucket), so a restarted server or the next lease holder continues where it was. The other servers read the saved progress each tick
 //!   and serve accordingly.
 //! - Operators read and steer rollouts through `GET /api/fleet/rollouts` and `POST
-//!   /api/fleet/rollouts/{name}/{pause,resume,abort}` ([`api`]), which `ccfleet rollout`
+//!   /api/fleet/rollouts/{name}/{pause,resume,abort}` (`api`), which `ccfleet rollout`
 //!   uses.
 
 pub(crate) mod api;

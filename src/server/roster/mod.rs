@@ -14,7 +14,8 @@
 //! one such row must not cost every other roster its delivery.
 //!
 //! With a private key, every roster carries an Ed25519 signature in the
-//! [`ROSTER_SIGNATURE_HEADER`] header over [`roster_signing_input`]; the roster bytes stay
+//! [`ROSTER_SIGNATURE_HEADER`](crate::wire::ROSTER_SIGNATURE_HEADER) header over
+//! [`roster_signing_input`](crate::wire::roster_signing_input); the roster bytes stay
 //! exactly what cc-lib's Go client decodes.
 //!
 //! `build` groups the active services into buckets and rosters, `encode` turns a roster's

@@ -12,9 +12,9 @@
 //!   (`/fleet/status.json` still answers everything at once). A browser logs in once with
 //!   a token ([`session`]); login and logout are guarded against cross-site requests
 //!   ([`origin`]). Its HTML, script and style sheet are compiled into the binary
-//!   ([`page`]).
+//!   (`page`).
 //!
-//! Every JSON answer carries an entity tag ([`answer`]) and is compressed when the client
+//! Every JSON answer carries an entity tag (`answer`) and is compressed when the client
 //! accepts gzip, so an unchanged view costs a 304 and a changed one a few kilobytes.
 
 pub mod access;

@@ -1,5 +1,5 @@
 //! The `http` sink: cc-metric-store's `POST /api/write?cluster=...`, JWT bearer auth,
-//! batching, a bounded retry buffer and optional gzip (through [`super::batch`]).
+//! batching, a bounded retry buffer and optional gzip (through the `batch` module).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -13,7 +13,7 @@ pub struct CommandOutput {
     pub stderr: Vec<u8>,
 }
 
-/// How a run request ended, as counted in [`CommandStats`].
+/// How a run request ended, as counted in [`CommandStats`](super::CommandStats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunResult {
     /// The command exited with status 0.
@@ -31,7 +31,7 @@ pub enum RunResult {
 }
 
 impl RunResult {
-    /// Every result, in the order of [`CommandSnapshot::runs`].
+    /// Every result, in the order of [`CommandSnapshot::runs`](super::CommandSnapshot::runs).
     pub const ALL: [RunResult; 6] = [
         RunResult::Ok,
         RunResult::ExitNonzero,

@@ -4,7 +4,7 @@
 //!
 //! - [`Library::open`] loads each path once per process and keeps it loaded (the libraries'
 //!   handles and internal state point into them); [`Library::symbol`] resolves a function;
-//! - [`library_path`]: the library is the grant's (the agent's local configuration), else
+//! - `library_path`: the library is the grant's (the agent's local configuration), else
 //!   the environment variable's, else the default name on the loader's search path; never a
 //!   path from a fleet configuration;
 //! - [`LibraryError`]: why a library cannot serve (not installed, a symbol missing, its
