@@ -62,6 +62,7 @@ pub mod native;
 pub use native::nvml;
 pub mod restart;
 pub mod secrets;
+pub mod signature;
 pub mod sink;
 pub mod spec;
 mod state;
