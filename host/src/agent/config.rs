@@ -65,6 +65,11 @@ pub struct AgentConfig {
     /// never the fleet's); the safe default of [`crate::plugin::ceiling`] when absent.
     #[serde(default)]
     pub fleet_ceiling: Option<crate::plugin::ceiling::Ceiling>,
+    /// The site's plugin signing keys (standard base64 Ed25519 public keys): with any, a
+    /// plugin the fleet names runs only when its component is signed by one of them
+    /// ([`crate::plugin::signature`]); without, signatures are not checked.
+    #[serde(default)]
+    pub plugin_public_keys: crate::plugin::signature::PublicKeys,
     /// Where compiled plugins are cached; the user cache directory by default.
     #[serde(default)]
     pub plugin_cache_dir: Option<PathBuf>,

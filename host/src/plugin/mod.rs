@@ -50,6 +50,7 @@ pub mod error;
 pub mod events;
 pub mod feeds;
 pub mod files;
+pub mod grants;
 pub mod grid;
 pub mod handle;
 pub mod held;

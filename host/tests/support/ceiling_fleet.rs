@@ -45,6 +45,8 @@ fn getrandom(out: &mut [u8]) {
 pub struct Fleet {
     dir: tempfile::TempDir,
     token: String,
+    /// A token of the `admin` role, for the status API.
+    admin_token: String,
     server: Option<RunningServer>,
     proxy: SocketAddr,
     proxy_task: tokio::task::JoinHandle<()>,
@@ -131,6 +133,7 @@ impl Fleet {
         Fleet {
             dir,
             token: keys.sign_token("agent", &["api"], None),
+            admin_token: keys.sign_token("operator", &["admin"], None),
             server: Some(server),
             proxy: addr,
             proxy_task,
@@ -187,6 +190,19 @@ impl Fleet {
         if let Some(server) = self.server.take() {
             server.shutdown().await.unwrap();
         }
+    }
+
+    /// `GET /api/fleet/instances` of the server (the status API, as `ccfleet fleet status`
+    /// reads it): every member with the plugins it reports.
+    pub async fn instances(&self) -> Json {
+        let answer = http_client()
+            .get(format!("http://{}/api/fleet/instances", self.proxy))
+            .header("X-Auth-Token", &self.admin_token)
+            .send()
+            .await
+            .expect("the status API");
+        assert!(answer.status().is_success(), "{}", answer.status());
+        answer.json().await.expect("JSON from the status API")
     }
 
     /// The reports agents sent with their configuration polls so far.
