@@ -14,7 +14,7 @@ mod guests;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ceiling_fleet::{Fleet, Receiver, metrics_addr, rollouts, wait_for};
+use ceiling_fleet::{Fleet, Receiver, metrics_addr, readyz_error, rollouts, wait_for};
 use serde_json::{Value as Json, json};
 
 /// `collect-interval` of the plugins the tests roll out.
@@ -74,11 +74,11 @@ fn sign(key: &Path, input: &Path, out: &Path) -> String {
     sha.to_owned()
 }
 
-/// `signed` with a custom section appended: still a valid component, no longer the one
-/// that was signed.
+/// `signed` with one byte of its signed content changed (the last: the download is still a
+/// component by its header, so only the signature tells).
 fn tampered(signed: &Path, out: &Path) {
     let mut bytes = std::fs::read(signed).unwrap();
-    bytes.extend_from_slice(&[0x00, 0x06, 0x05, b'e', b'x', b't', b'r', b'a']);
+    *bytes.last_mut().unwrap() ^= 0x01;
     std::fs::write(out, bytes).unwrap();
 }
 
@@ -86,6 +86,14 @@ fn loadavg_entry(name: &str, sha: &str) -> Json {
     json!({"name": name, "sha256": sha, "collect-interval": EVERY,
            "config": {"hostname": format!("host-{name}"), "cluster": "fritz"},
            "capabilities": {"read-files": ["/proc/loadavg"]}})
+}
+
+/// The lines of `log` giving the grants of the plugin `name`.
+fn grant_lines<'a>(log: &'a str, name: &str) -> Vec<&'a str> {
+    let field = [format!("plugin={name} "), format!("plugin=\"{name}\"")];
+    log.lines()
+        .filter(|l| l.contains("plugin grants:") && field.iter().any(|f| l.contains(f.as_str())))
+        .collect()
 }
 
 /// The health the server's status API shows for `plugin` of the (single) agent.
@@ -123,7 +131,15 @@ async fn only_components_signed_by_the_sites_key_run() {
         ]))
         .await;
     let sink = Receiver::start().await;
-    let mut agent = fleet.agent(&sink, json!({"plugin-public-keys": [site_public]}), &[]);
+    // The node administrator's own plugin: an unsigned file, run as it is.
+    let own = json!({"name": "own", "path": plain, "collect-interval": EVERY,
+                     "config": {"hostname": "host-own", "cluster": "fritz"},
+                     "capabilities": {"read-files": ["/proc/loadavg"]}});
+    let mut agent = fleet.agent(
+        &sink,
+        json!({"plugin-public-keys": [site_public], "plugins": [own]}),
+        &[],
+    );
     let metrics = metrics_addr(&mut agent);
     for (name, result) in [
         ("unsigned", "unsigned"),
@@ -135,9 +151,13 @@ async fn only_components_signed_by_the_sites_key_run() {
         })
         .await;
     }
-    wait_for("the signed plugin's points", async || {
-        sink.text().contains("host-good")
-    })
+    wait_for(
+        "the signed plugin's and the node's own plugin's points",
+        async || {
+            let sent = sink.text();
+            sent.contains("host-good") && sent.contains("host-own")
+        },
+    )
     .await;
     // The server hears of each through the agent's report, as of a ceiling refusal.
     for name in ["unsigned", "foreign", "tampered"] {
@@ -146,6 +166,22 @@ async fn only_components_signed_by_the_sites_key_run() {
         })
         .await;
     }
+    // The agent's /readyz names each and why.
+    for (name, why) in [
+        ("unsigned", "refused: it is not signed"),
+        (
+            "foreign",
+            "refused: its signature is by none of this node's plugin-public-keys",
+        ),
+        ("tampered", "refused: it was modified after it was signed"),
+    ] {
+        let error = readyz_error(metrics, name).await;
+        assert!(
+            error.as_deref().is_some_and(|e| e.starts_with(why)),
+            "{name}: {error:?}"
+        );
+    }
+    assert_eq!(readyz_error(metrics, "good").await, None);
     wait_for("good reported running", async || {
         reported_health(&fleet, "good").await.as_deref() == Some("running")
     })
@@ -163,17 +199,19 @@ async fn only_components_signed_by_the_sites_key_run() {
             "{reason} is logged once: {log}"
         );
     }
-    // The grants the signed plugin runs with, once.
-    let grants: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("plugin grants:") && l.contains("good"))
-        .collect();
-    assert_eq!(grants.len(), 1, "{log}");
-    assert!(
-        grants[0].contains("read-files [/proc/loadavg]") && grants[0].contains("memory-mb="),
-        "{}",
-        grants[0]
-    );
+    // The grants each plugin runs with, once; none for a plugin that never started.
+    for name in ["good", "own"] {
+        let grants = grant_lines(&log, name);
+        assert_eq!(grants.len(), 1, "{name}: {log}");
+        assert!(
+            grants[0].contains("read-files [/proc/loadavg]") && grants[0].contains("memory-mb="),
+            "{}",
+            grants[0]
+        );
+    }
+    for name in ["unsigned", "foreign", "tampered"] {
+        assert!(grant_lines(&log, name).is_empty(), "{name} started: {log}");
+    }
     let sent = sink.text();
     for refused in ["host-unsigned", "host-foreign", "host-tampered"] {
         assert!(!sent.contains(refused), "{refused} ran: {sent}");
@@ -217,7 +255,10 @@ async fn without_keys_nothing_changes_and_the_cache_obeys_keys_configured_later(
     })
     .await;
     let log = agent.log().join("\n");
-    assert!(log.contains("running from the cached configuration"), "{log}");
+    assert!(
+        log.contains("running from the cached configuration"),
+        "{log}"
+    );
     assert!(log.contains("refused: it is not signed"), "{log}");
     assert_eq!(rollouts(metrics, "plain", "swapped").await, 0.0);
 }

@@ -151,7 +151,13 @@ mod tests {
         ] {
             assert!(text.contains(shown), "{shown} missing: {text}");
         }
-        for hidden in ["hunter2", "password-file", "ipmi.secret", "ipmitool", "user"] {
+        for hidden in [
+            "hunter2",
+            "password-file",
+            "ipmi.secret",
+            "ipmitool",
+            "user",
+        ] {
             assert!(!text.contains(hidden), "{hidden} shown: {text}");
         }
     }

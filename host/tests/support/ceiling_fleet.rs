@@ -300,18 +300,32 @@ pub fn metrics_addr(agent: &mut AgentProcess) -> SocketAddr {
 }
 
 async fn scrape(addr: SocketAddr) -> String {
+    get(addr, "/metrics").await
+}
+
+/// The body of `GET path` from the agent's listener (empty when it does not answer).
+async fn get(addr: SocketAddr, path: &str) -> String {
     let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
         return String::new();
     };
-    let _ = stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
-        .await;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n");
+    let _ = stream.write_all(request.as_bytes()).await;
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response).await;
     response
         .split_once("\r\n\r\n")
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default()
+}
+
+/// The error `/readyz` gives for the fleet plugin `name` (`None`: it runs or is not named).
+pub async fn readyz_error(addr: SocketAddr, name: &str) -> Option<String> {
+    let body: Json = serde_json::from_str(&get(addr, "/readyz").await).ok()?;
+    body["fleet_plugins"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["error"].as_str().map(str::to_owned))
 }
 
 /// `ccfleet_agent_plugin_rollouts_total` of `plugin` and `result`.

@@ -11,8 +11,11 @@
 //! the fleet; this reader takes nothing it does not have. The format is the same, so either
 //! tool verifies what the other signs.
 
-pub mod format;
 pub mod keys;
+
+/// The signature section's bytes (in the `ccfleet` crate, which the fuzz targets build
+/// without the plugin host).
+pub use ccfleet::wasm_signature as format;
 
 use ed25519_dalek::Signature as Ed25519Signature;
 use sha2::{Digest, Sha256};
