@@ -444,6 +444,9 @@ async fn likwid_runs_only_with_the_nodes_library() {
         json!({"fleet-ceiling": {"likwid": true, "likwid-library": library}}),
         &[],
     );
-    wait_for("likwid's points", async || sink.text().contains("flops_any")).await;
+    wait_for("likwid's points", async || {
+        sink.text().contains("flops_any")
+    })
+    .await;
     assert!(!ran.exists(), "a library constructor ran");
 }

@@ -426,7 +426,18 @@ mod widening {
             ),
         )
             .prop_map(
-                |(wasi, dirs, files, root, mount, run, nvml, lib, as_list, (likwid, likwid_lib))| {
+                |(
+                    wasi,
+                    dirs,
+                    files,
+                    root,
+                    mount,
+                    run,
+                    nvml,
+                    lib,
+                    as_list,
+                    (likwid, likwid_lib),
+                )| {
                     let mut caps = json!({"wasi": wasi, "read-dirs": dirs, "read-files": files,
                                       "mount-info": mount, "nvml": nvml, "likwid": likwid});
                     if let Some(lib) = likwid_lib {
@@ -520,13 +531,20 @@ mod widening {
         }
         // Every concrete path the plugin may read, the ceiling lets it read.
         for path in PATHS {
-            let asked = caps.read_files.iter().any(|p| {
-                crate::plugin::ceiling::pattern_covers(p, path)
-            });
+            let asked = caps
+                .read_files
+                .iter()
+                .any(|p| crate::plugin::ceiling::pattern_covers(p, path));
             if asked {
-                prop_assert!(ceiling.read_files.iter().any(|p| {
-                    crate::plugin::ceiling::pattern_covers(p, path)
-                }), "{} reads {}", entry, path);
+                prop_assert!(
+                    ceiling
+                        .read_files
+                        .iter()
+                        .any(|p| { crate::plugin::ceiling::pattern_covers(p, path) }),
+                    "{} reads {}",
+                    entry,
+                    path
+                );
             }
         }
         for named in &caps.read_files {
@@ -570,6 +588,9 @@ mod widening {
             }
         }
         assert!(admitted >= 20, "only {admitted} of 512 entries admitted");
-        assert!(libraries >= 5, "only {libraries} admitted with the node's library");
+        assert!(
+            libraries >= 5,
+            "only {libraries} admitted with the node's library"
+        );
     }
 }

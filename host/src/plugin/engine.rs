@@ -319,7 +319,11 @@ impl Runtime {
             None
         };
         let libraries = [
-            (caps.nvml, caps.nvml_library.as_deref(), super::nvml::LIBRARY_ENV),
+            (
+                caps.nvml,
+                caps.nvml_library.as_deref(),
+                super::nvml::LIBRARY_ENV,
+            ),
             (
                 caps.likwid,
                 caps.likwid_library.as_deref(),

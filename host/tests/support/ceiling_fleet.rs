@@ -387,8 +387,8 @@ pub fn nvml_standin(dir: &Path) -> PathBuf {
 pub fn likwid_standin(dir: &Path) -> PathBuf {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     let built = LIB.get_or_init(|| {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/likwid-standin/Cargo.toml");
+        let manifest =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/likwid-standin/Cargo.toml");
         let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("likwid-standin");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let status = Command::new(cargo)
@@ -412,8 +412,8 @@ pub fn likwid_standin(dir: &Path) -> PathBuf {
 /// The `likwid` plugin's configuration: NHR@FAU's `fritz` section, measuring 200 ms, its
 /// lock file in `dir`.
 pub fn likwid_config(dir: &Path) -> Json {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/ccmc-fau/fritz/collectors.json");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ccmc-fau/fritz/collectors.json");
     let all: Json = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let mut config = all["likwid"].clone();
     config["duration"] = json!("200ms");

@@ -673,8 +673,7 @@ fn likwid_keeps_its_event_sets_and_moves_node_settings_to_the_node() {
     let ceiling = &import.config["fleet-ceiling"];
     assert_eq!(ceiling["likwid"], true);
     assert_eq!(ceiling["likwid-library"], "/apps/likwid/lib/liblikwid.so");
-    let parsed: crate::plugin::ceiling::Ceiling =
-        serde_json::from_value(ceiling.clone()).unwrap();
+    let parsed: crate::plugin::ceiling::Ceiling = serde_json::from_value(ceiling.clone()).unwrap();
     parsed.validate().unwrap();
     assert!(plugin["config"].get("liblikwid_path").is_none());
     assert!(plugin["config"].get("accessdaemon_path").is_none());
