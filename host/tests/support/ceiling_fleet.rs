@@ -411,3 +411,43 @@ pub fn nvml_standin(dir: &Path) -> PathBuf {
     std::fs::copy(built, &lib).unwrap();
     lib
 }
+
+/// A copy of the LIKWID stand-in library (built once per test binary) in `dir`, under
+/// LIKWID's versioned file name.
+pub fn likwid_standin(dir: &Path) -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    let built = LIB.get_or_init(|| {
+        let manifest =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/likwid-standin/Cargo.toml");
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("likwid-standin");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "--manifest-path"])
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(&target)
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env_remove("CARGO_BUILD_TARGET")
+            .status()
+            .expect("running cargo build for the stand-in LIKWID");
+        assert!(status.success(), "building the stand-in LIKWID failed");
+        target.join("debug/liblikwid_standin.so")
+    });
+    let lib = dir.join("liblikwid.so.5.2");
+    std::fs::copy(built, &lib).unwrap();
+    lib
+}
+
+/// The `likwid` plugin's configuration: NHR@FAU's `fritz` section, measuring 200 ms, its
+/// lock file in `dir`.
+pub fn likwid_config(dir: &Path) -> Json {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ccmc-fau/fritz/collectors.json");
+    let all: Json = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let mut config = all["likwid"].clone();
+    config["duration"] = json!("200ms");
+    config["lockfile_path"] = json!(dir.join("likwid.lock"));
+    config["hostname"] = json!("node01");
+    config
+}
