@@ -25,10 +25,10 @@ pub mod plugins;
 pub mod query;
 pub mod session;
 pub mod snapshot;
+pub mod store;
 pub mod summary;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
@@ -38,62 +38,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 
-use super::allowlist::TrustedProxies;
-use super::api::{ApiError, AppState};
-use super::configtree::Resolved;
+use super::api_error::ApiError;
+use super::app::AppState;
 use access::StatusReader;
-use plugins::RevisionPlugins;
 use query::{Facts, Query};
-use session::Sessions;
 use snapshot::{InstanceView, RolloutView, RosterView};
+pub use store::Status;
 use summary::Summary;
-
-/// What the status view keeps between requests.
-pub struct Status {
-    sessions: Sessions,
-    revisions: RevisionPlugins,
-    proxies: TrustedProxies,
-    roster_prefix: String,
-    stale_after: Duration,
-    /// Whether rosters go out at all (they need NATS).
-    publishes_rosters: bool,
-}
-
-impl std::fmt::Debug for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Status")
-            .field("sessions", &self.sessions.len())
-            .field("revisions", &self.revisions.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Status {
-    /// The view of a server whose rosters go out under `roster_prefix`, whose members go
-    /// stale after `stale_after`, and which believes TLS only from `proxies`.
-    pub fn new(roster_prefix: &str, stale_after: Duration, proxies: TrustedProxies) -> Status {
-        Status {
-            sessions: Sessions::default(),
-            revisions: RevisionPlugins::default(),
-            proxies,
-            roster_prefix: roster_prefix.to_owned(),
-            stale_after,
-            publishes_rosters: true,
-        }
-    }
-
-    /// The view of a server without NATS, which publishes no rosters: the page says so
-    /// instead of listing rosters nobody is sent.
-    pub fn without_rosters(mut self) -> Status {
-        self.publishes_rosters = false;
-        self
-    }
-
-    /// Records what a configuration pull served (called by the pull's handler).
-    pub fn served(&self, resolved: &Resolved) {
-        self.revisions.record(resolved);
-    }
-}
 
 /// The routes of the view, for the API router.
 pub(crate) fn routes() -> Router<Arc<AppState>> {

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::super::api::AppState;
+use super::super::app::AppState;
 use super::super::metrics::Metrics;
 use super::super::registry::unix_seconds;
 use super::access::{self, Refused};
@@ -263,8 +263,10 @@ pub(crate) async fn status_json(
 /// The 401 of a data route asked without a live session.
 fn no_session() -> Response {
     secured(
-        super::super::api::ApiError::Unauthorized(super::super::auth::AuthError::MissingToken)
-            .into_response(),
+        super::super::api_error::ApiError::Unauthorized(
+            super::super::auth::AuthError::MissingToken,
+        )
+        .into_response(),
     )
 }
 
