@@ -180,6 +180,8 @@ pub(crate) fn closing(mut response: Response) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
