@@ -651,7 +651,12 @@ async fn a_shared_view_opened_without_a_session_survives_the_login() {
     let view = "host=f%5B0101-0125%5D&state=stale&cluster=fritz&sort=name&page=1";
     let login_url = format!("/fleet/login?{view}");
     assert_eq!(page.headers()["location"], login_url.as_str());
-    let form = fleet.client.get(fleet.url(&login_url)).send().await.unwrap();
+    let form = fleet
+        .client
+        .get(fleet.url(&login_url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(form.status(), 200);
     assert!(
         !form.text().await.unwrap().contains("action="),

@@ -128,7 +128,10 @@ async fn summary_filters_pages_tags_and_compression() {
     );
     let groups = summary["groups"].as_array().unwrap();
     assert_eq!(groups.len(), 2);
-    assert_eq!(groups[0], json!({"cluster": "alex", "type": "ccmc", "active": 1}));
+    assert_eq!(
+        groups[0],
+        json!({"cluster": "alex", "type": "ccmc", "active": 1})
+    );
     let fritz = &groups[1];
     let oldest = fritz["stale"][2].as_i64().unwrap();
     assert!(oldest <= summary["now"].as_i64().unwrap() - 3);

@@ -800,10 +800,7 @@ fritz / ccmc: 500 active, 3 stale, 1 pending, 1 failing (oldest stale: last seen
         });
         let read: SummaryAnswer = serde_json::from_value(compact.clone()).unwrap();
         assert_eq!(read.summary, answer.summary);
-        assert_eq!(
-            render_summary(&read, false),
-            render_summary(&answer, false)
-        );
+        assert_eq!(render_summary(&read, false), render_summary(&answer, false));
         assert_eq!(serde_json::to_value(&read).unwrap(), compact);
         assert!(serde_json::from_value::<SummaryAnswer>(serde_json::json!({"now": 1})).is_err());
     }

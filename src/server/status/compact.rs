@@ -289,7 +289,15 @@ mod tests {
                 failing: 0,
             },
             groups: vec![
-                group("", Counts { active: 2, ..Counts::default() }, Hosts::default(), None),
+                group(
+                    "",
+                    Counts {
+                        active: 2,
+                        ..Counts::default()
+                    },
+                    Hosts::default(),
+                    None,
+                ),
                 group(
                     "fritz",
                     Counts {
@@ -385,7 +393,12 @@ mod tests {
             pending_of.insert(cluster, pending);
         }
         for n in 1..=5 {
-            add("", format!("backend{n}"), ServiceType::Backend, State::Active);
+            add(
+                "",
+                format!("backend{n}"),
+                ServiceType::Backend,
+                State::Active,
+            );
         }
         (all, pending_of)
     }
@@ -395,12 +408,19 @@ mod tests {
         let (all, pending_of) = large_fleet();
         let summary = summary::summary(&all, &Filters::default(), |_| Facts::default());
         assert_eq!(
-            (summary.total.active, summary.total.stale, summary.total.pending),
+            (
+                summary.total.active,
+                summary.total.stale,
+                summary.total.pending
+            ),
             (18_005, 1_000, 1_000)
         );
         assert_eq!(summary.groups.len(), 41);
         let infra = &summary.groups[0];
-        assert_eq!((infra.cluster.as_str(), infra.service_type.as_str()), ("", "ccb"));
+        assert_eq!(
+            (infra.cluster.as_str(), infra.service_type.as_str()),
+            ("", "ccb")
+        );
         assert_eq!(infra.counts.active, 5);
         for g in &summary.groups[1..] {
             let pending = &pending_of[&g.cluster];
@@ -431,7 +451,12 @@ mod tests {
         let text = serde_json::to_string(&compact).unwrap();
         assert!(text.len() < 10_000, "{} bytes", text.len());
         let full = serde_json::to_string(&summary).unwrap();
-        assert!(full.len() > text.len() * 4 / 3, "{} and {}", full.len(), text.len());
+        assert!(
+            full.len() > text.len() * 4 / 3,
+            "{} and {}",
+            full.len(),
+            text.len()
+        );
     }
 
     #[test]

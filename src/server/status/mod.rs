@@ -18,8 +18,8 @@
 //! accepts gzip, so an unchanged view costs a 304 and a changed one a few kilobytes.
 
 pub mod access;
-pub mod compact;
 pub(crate) mod answer;
+pub mod compact;
 pub mod origin;
 pub(crate) mod page;
 pub mod plugins;
@@ -43,10 +43,10 @@ use serde::Serialize;
 use super::api_error::ApiError;
 use super::app::AppState;
 use access::StatusReader;
+use compact::{CompactSummary, Form};
 use query::{Facts, Query};
 use snapshot::{InstanceView, RolloutView, RosterView};
 pub use store::Status;
-use compact::{CompactSummary, Form};
 use summary::Summary;
 
 /// The routes of the view, for the API router.

@@ -73,10 +73,7 @@ fn redirect(to: &'static str) -> Response {
 }
 
 /// A redirect to `path` (one of this server's) keeping the view `query` names.
-fn redirect_with_view(
-    path: &'static str,
-    query: &ViewQuery,
-) -> Response {
+fn redirect_with_view(path: &'static str, query: &ViewQuery) -> Response {
     let view = match query {
         Ok(Query(pairs)) => view_query(pairs),
         Err(_) => String::new(),
