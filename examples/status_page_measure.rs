@@ -583,16 +583,16 @@ async fn run() -> Result<(), Failure> {
             r.cpu
         );
     }
-    if rounds > 0 {
+    if let Some(per_round) = bytes.checked_div(rounds) {
         println!(
-            "per refresh of the unchanged fleet: {} bytes on the wire ({bytes} bytes in {rounds} rounds, \
-             requests and answers with their headers)",
-            bytes / rounds
+            "per refresh of the unchanged fleet: {per_round} bytes on the wire ({bytes} bytes in \
+             {rounds} rounds, requests and answers with their headers)"
         );
     }
-    if let Some([n, size]) = timing.as_array().map(|a| [a[0].clone(), a[1].clone()])
-        && let (Some(n), Some(size)) = (n.as_u64(), size.as_f64())
-        && n > 0
+    if let (Some(n), Some(size)) = (
+        timing.get(0).and_then(Value::as_u64),
+        timing.get(1).and_then(Value::as_f64),
+    ) && n > 0
     {
         println!(
             "Resource Timing: {n} rounds, transferSize {:.0} bytes per round",
