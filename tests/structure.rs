@@ -26,22 +26,6 @@ const MAX_LINES: usize = 1000;
 /// Source files allowed over [`MAX_LINES`], each with why. Paths from the repository root.
 const LONG_FILE_EXCEPTIONS: &[(&str, &str)] = &[
     (
-        "src/server/config.rs",
-        "the server's settings and their parsing in one file: to split into the documented settings and the raw form serde reads",
-    ),
-    (
-        "src/server/roster.rs",
-        "roster building and roster publishing in one file: to split by concept",
-    ),
-    (
-        "host/src/agent/router/expr.rs",
-        "the router's expression parser and evaluator in one file: to split into parse and eval",
-    ),
-    (
-        "host/src/plugin/commands.rs",
-        "command grants, their execution and output capture in one file: to split by concept",
-    ),
-    (
         "host/src/plugin/files.rs",
         "file grants, patterns and held files in one file: to split by concept",
     ),

@@ -65,12 +65,12 @@ fn left_out(stdout: &str) -> Vec<String> {
 }
 
 /// Each published configuration (with the collectors file of each node type where a site
-/// keeps several) and what it cannot carry over: Ganglia sinks. Every InfluxDB sink and
-/// every LIKWID section carries over.
+/// keeps several) and what it cannot carry over: nothing. Every InfluxDB and Ganglia sink
+/// and every LIKWID section carries over.
 const SITES: &[(&str, Option<&str>, &[&str])] = &[
     ("alex", None, &[]),
-    ("fritz", None, &["sinks.fritzganglia"]),
-    ("fritz.spr", None, &["sinks.fritzganglia"]),
+    ("fritz", None, &[]),
+    ("fritz.spr", None, &[]),
     ("meggie-ng", None, &[]),
     ("tinyfat", Some("collectors.bdw.json"), &[]),
     ("tinyfat", Some("collectors.rome.json"), &[]),

@@ -465,10 +465,32 @@ impl FromOptions for slurm_cgroup::SlurmCgroup {
             }
         };
         Ok(slurm_cgroup::SlurmCgroup::new(slurm_cgroup::Config {
-            cgroup_base: o.string("cgroup_base")?.unwrap_or(d.cgroup_base),
-            cgroup_root: o.string("cgroup_v1_root")?.unwrap_or(d.cgroup_root),
+            cgroup_base: cgroup_dir("cgroup_base", o.string("cgroup_base")?, d.cgroup_base)?,
+            cgroup_root: cgroup_dir("cgroup_v1_root", o.string("cgroup_v1_root")?, d.cgroup_root)?,
             version,
         }))
+    }
+}
+
+/// A cgroup directory of `slurm_cgroup`'s configuration. The agent grants the collector the
+/// files below it as a `read-files` pattern, so it must name one directory outright: an
+/// absolute path without `..` and without a pattern's characters (which would widen the
+/// grant beyond the directory the administrator meant).
+fn cgroup_dir(key: &str, value: Option<String>, default: String) -> Result<String, String> {
+    let Some(dir) = value else {
+        return Ok(default);
+    };
+    let plain = dir.starts_with('/')
+        && !dir.split('/').any(|part| part == "..")
+        && !dir.contains(['*', '?', '[', ']', '{', '}']);
+    if plain {
+        Ok(dir)
+    } else {
+        Err(format!(
+            "slurm_cgroup: `{key}` must be an absolute directory path without `..` or \
+             pattern characters, not {:?}",
+            crate::quoted(&dir, 80)
+        ))
     }
 }
 

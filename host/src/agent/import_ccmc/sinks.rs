@@ -1,7 +1,7 @@
 //! cc-metric-collector's sinks (cc-lib's `sinks`), as the agent's sinks.
 //!
-//! `http` (cc-metric-store's write API), `nats`, `stdout`, `influxdb` and `influxasync`
-//! carry over; a JWT or an InfluxDB password moves out of the configuration into a file of
+//! `http` (cc-metric-store's write API), `nats`, `stdout`, `influxdb`, `influxasync`,
+//! `prometheus`, `ganglia` and `libganglia` carry over; a JWT or an InfluxDB password moves out of the configuration into a file of
 //! its own (the agent reads it from `jwt-file`, `password_file`), and the other kinds are
 //! named with the reason they are left out. Each converted sink is read back with the
 //! agent's own parser, so what is written is what the agent accepts.
@@ -51,6 +51,44 @@ const INFLUX_KEYS: &[&str] = &[
     "use_gzip",
 ];
 
+/// cc-lib's keys of the `prometheus` sink.
+const PROMETHEUS_KEYS: &[&str] = &["host", "port", "path", "group_as_namespace"];
+
+/// cc-lib's keys of the `ganglia` sink.
+const GANGLIA_KEYS: &[&str] = &[
+    "gmetric_path",
+    "gmetric_config",
+    "add_ganglia_group",
+    "add_tags_as_desc",
+    "cluster_name",
+    "add_type_to_name",
+    "add_units",
+];
+
+/// cc-lib's keys of the `libganglia` sink.
+const LIBGANGLIA_KEYS: &[&str] = &[
+    "libganglia_path",
+    "gmond_config",
+    "add_ganglia_group",
+    "add_type_to_name",
+    "add_units",
+    "cluster_name",
+];
+
+/// Copies `keys` of `config` into `sink` as they are (an empty string or null left out, as
+/// cc-lib's `omitempty` reads them).
+fn copy_keys(config: &Map<String, Value>, keys: &[&str], sink: &mut Map<String, Value>) {
+    for key in keys {
+        match config.get(*key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s.is_empty() => {}
+            Some(value) => {
+                sink.insert((*key).into(), value.clone());
+            }
+        }
+    }
+}
+
 fn text<'a>(config: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
     config
         .get(key)
@@ -60,12 +98,6 @@ fn text<'a>(config: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
 
 fn reason_for(kind: &str) -> String {
     match kind {
-        "ganglia" | "libganglia" => {
-            "the agent writes no Ganglia: its sinks are cc-metric-store (http), NATS, standard output and InfluxDB".to_owned()
-        }
-        "prometheus" => {
-            "the agent serves no metric points for Prometheus to scrape (its /metrics holds its own figures)".to_owned()
-        }
         "questdb" => "the agent writes no QuestDB".to_owned(),
         "sample" => "the sample sink is an example without output".to_owned(),
         other => format!("unknown sink type {other:?}"),
@@ -247,6 +279,21 @@ pub fn convert(
                     }
                 }
             }
+            "prometheus" => {
+                known.extend(PROMETHEUS_KEYS);
+                sink.insert("type".into(), json!(kind));
+                copy_keys(config, PROMETHEUS_KEYS, &mut sink);
+            }
+            "ganglia" | "libganglia" => {
+                let keys = if kind == "ganglia" {
+                    GANGLIA_KEYS
+                } else {
+                    LIBGANGLIA_KEYS
+                };
+                known.extend(keys);
+                sink.insert("type".into(), json!(kind));
+                copy_keys(config, keys, &mut sink);
+            }
             other => {
                 findings.left_out(&at, &reason_for(other));
                 continue;
@@ -274,7 +321,7 @@ pub fn convert(
                 "not a setting of this sink type: left out",
             );
         }
-        let tags: Vec<String> = config
+        let mut tags: Vec<String> = config
             .get("meta_as_tags")
             .and_then(Value::as_array)
             .map(|a| {
@@ -284,6 +331,14 @@ pub fn convert(
                     .collect()
             })
             .unwrap_or_default();
+        // cc-lib's Ganglia sinks send the unit from the meta information whatever their
+        // meta_as_tags; the agent's read it from the plugins' `unit` tag.
+        let units = config.get("add_units").and_then(Value::as_bool);
+        if (units == Some(true) || (kind == "libganglia" && units.is_none()))
+            && !tags.iter().any(|t| t == "unit")
+        {
+            tags.push("unit".to_owned());
+        }
         out.meta_as_tags.insert(name.clone(), tags);
         out.sinks.insert(name.clone(), Value::Object(sink));
     }

@@ -109,7 +109,6 @@ fn sinks_the_agent_lacks_are_left_out_with_their_reason() {
         [
             "sinks.basic",
             "sinks.file",
-            "sinks.ganglia",
             "sinks.influx",
             "sinks.notobject",
             "sinks.notype",
@@ -124,12 +123,45 @@ fn sinks_the_agent_lacks_are_left_out_with_their_reason() {
         "{:?}",
         import.left_out
     );
+    assert!(reason(&import.left_out, "sinks.prom").contains("missing field `port`"));
     assert!(reason(&import.left_out, "sinks.basic").contains("basic authentication"));
     assert!(reason(&import.left_out, "sinks.odd").contains("\"carrier-pigeon\""));
     assert!(reason(&import.left_out, "sinks.file").contains("output_file"));
-    // Nothing left to write to: standard output, said so.
-    assert_eq!(import.config["metrics"], json!({"type": "stdout"}));
-    assert!(keys(&import.notes).contains(&"sinks"));
+    assert_eq!(
+        import.config["sinks"]["ganglia"],
+        json!({"type": "libganglia"})
+    );
+}
+
+#[test]
+fn prometheus_and_ganglia_sinks_carry_over_with_cc_libs_keys() {
+    let import = run(json!({"sinks": {
+        "prom": {"type": "prometheus", "host": "", "port": "9091", "path": "metrics",
+                 "group_as_namespace": true, "meta_as_tags": []},
+        "gm": {"type": "ganglia", "gmetric_path": "/usr/bin/gmetric",
+               "gmetric_config": "/etc/ganglia/gmond.conf", "add_ganglia_group": true,
+               "add_tags_as_desc": false, "cluster_name": "fritz", "add_type_to_name": true,
+               "add_units": true},
+        "lib": {"type": "libganglia", "gmond_config": "/etc/ganglia/gmond.conf",
+                "libganglia_path": "libganglia.so.0", "add_ganglia_group": true}}}));
+    assert!(import.left_out.is_empty(), "{:?}", import.left_out);
+    assert_eq!(
+        import.config["sinks"]["prom"],
+        json!({"type": "prometheus", "port": "9091", "path": "metrics",
+               "group_as_namespace": true, "meta_as_tags": []})
+    );
+    assert_eq!(
+        import.config["sinks"]["gm"],
+        json!({"type": "ganglia", "gmetric_path": "/usr/bin/gmetric",
+               "gmetric_config": "/etc/ganglia/gmond.conf", "add_ganglia_group": true,
+               "add_tags_as_desc": false, "cluster_name": "fritz", "add_type_to_name": true,
+               "add_units": true})
+    );
+    assert_eq!(
+        import.config["sinks"]["lib"],
+        json!({"type": "libganglia", "gmond_config": "/etc/ganglia/gmond.conf",
+               "libganglia_path": "libganglia.so.0", "add_ganglia_group": true})
+    );
 }
 
 #[test]
@@ -211,6 +243,36 @@ fn a_setting_the_plugin_refuses_leaves_the_collector_out_naming_it() {
     assert!(reason(&import.left_out, "collectors.memstat").contains("bogus_key"));
     assert!(reason(&import.left_out, "collectors.slurm_cgroup").contains("use_sudo"));
     assert_eq!(import.config["plugins"].as_array().unwrap().len(), 1);
+}
+
+/// A cgroup directory that is not an absolute path (or holds a pattern's characters) would
+/// become a `read-files` pattern the agent refuses or one wider than meant: the collector is
+/// left out naming the key, rather than written into a configuration that does not load.
+#[test]
+fn a_slurm_cgroup_directory_that_is_no_absolute_path_is_left_out_naming_it() {
+    for (key, value) in [
+        ("cgroup_base", "slurm.slice"),
+        ("cgroup_base", ""),
+        ("cgroup_base", "/sys/fs/cgroup/*"),
+        ("cgroup_base", "/sys/fs/cgroup/../../etc"),
+        ("cgroup_v1_root", "sys/fs/cgroup"),
+    ] {
+        let import = run(json!({"collectors": {
+            "slurm_cgroup": {key: value}, "loadavg": {}}}));
+        assert_eq!(
+            keys(&import.left_out),
+            ["collectors.slurm_cgroup"],
+            "{key}={value}"
+        );
+        let why = reason(&import.left_out, "collectors.slurm_cgroup");
+        assert!(
+            why.contains(key) && why.contains("absolute"),
+            "{key}={value}: {why}"
+        );
+    }
+    let import = run(json!({"collectors": {
+        "slurm_cgroup": {"cgroup_base": "/sys/fs/cgroup/system.slice/slurmstepd.scope/"}}}));
+    assert!(import.left_out.is_empty(), "{:?}", keys(&import.left_out));
 }
 
 #[test]

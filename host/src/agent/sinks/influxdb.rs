@@ -32,7 +32,8 @@ pub enum Port {
 }
 
 impl Port {
-    fn number(&self) -> Result<u16, String> {
+    /// The port number.
+    pub fn number(&self) -> Result<u16, String> {
         match self {
             Port::Number(n) => Ok(*n),
             Port::Text(s) => s

@@ -14,16 +14,25 @@ pub enum SinkType {
     /// cc-lib's non-blocking InfluxDB sink: the same writer here (every sink is
     /// non-blocking in the agent), with cc-lib's `influxasync` keys.
     Influxasync,
+    /// Serve the latest values for Prometheus to scrape.
+    Prometheus,
+    /// Send gmond's XDR packets over UDP (cc-lib ran `gmetric`).
+    Ganglia,
+    /// Send gmond's XDR packets over UDP (cc-lib called libganglia).
+    Libganglia,
 }
 
 impl SinkType {
     /// Every kind, in the order messages list them.
-    pub const ALL: [SinkType; 5] = [
+    pub const ALL: [SinkType; 8] = [
         SinkType::Http,
         SinkType::Nats,
         SinkType::Stdout,
         SinkType::Influxdb,
         SinkType::Influxasync,
+        SinkType::Prometheus,
+        SinkType::Ganglia,
+        SinkType::Libganglia,
     ];
 
     /// The name configurations use.
@@ -34,6 +43,9 @@ impl SinkType {
             SinkType::Http => "http",
             SinkType::Influxdb => "influxdb",
             SinkType::Influxasync => "influxasync",
+            SinkType::Prometheus => "prometheus",
+            SinkType::Ganglia => "ganglia",
+            SinkType::Libganglia => "libganglia",
         }
     }
 

@@ -1,7 +1,8 @@
 //! The agent's metric sinks, as cc-metric-collector has them: `nats` (publish line protocol
 //! to a subject), `http` (cc-metric-store's `POST /api/write?cluster=...`, JWT bearer auth,
 //! batching, a bounded retry buffer, optional gzip), `stdout`, and `influxdb`/`influxasync`
-//! (InfluxDB's v2 or v1 write API, with cc-lib's keys).
+//! (InfluxDB's v2 or v1 write API, with cc-lib's keys), `prometheus` (served for scraping)
+//! and `ganglia`/`libganglia` (gmond's UDP messages).
 //!
 //! ```json
 //! {
@@ -25,11 +26,13 @@
 mod batch;
 mod counters;
 mod fanout;
+pub mod ganglia;
 pub mod http;
 pub mod influxdb;
 mod kind;
 pub mod meta_tags;
 pub mod nats;
+pub mod prometheus;
 pub mod stdout;
 
 use std::collections::BTreeMap;
@@ -49,10 +52,12 @@ use fanout::Queue;
 
 pub use batch::gzip;
 pub use counters::{SinkCounters, SinkInfo};
+pub use ganglia::{GangliaConfig, LibgangliaConfig};
 pub use http::{DEFAULT_BATCH_SIZE, DEFAULT_RETRY_BUFFER, HttpConfig};
 pub use influxdb::InfluxConfig;
 pub use kind::SinkType;
 pub use nats::NatsConfig;
+pub use prometheus::PrometheusConfig;
 pub use stdout::StdoutConfig;
 
 /// Batches queued for one sink by default before new ones are dropped for it.
@@ -69,6 +74,12 @@ pub enum SinkSettings {
     Stdout(StdoutConfig),
     /// `influxdb` or `influxasync` (the same writer): InfluxDB's write API.
     Influx(SinkType, InfluxConfig),
+    /// `prometheus`: the latest values, served for scraping.
+    Prometheus(PrometheusConfig),
+    /// `ganglia`: gmond's messages, with cc-lib's `ganglia` keys.
+    Ganglia(GangliaConfig),
+    /// `libganglia`: gmond's messages, with cc-lib's `libganglia` keys.
+    Libganglia(LibgangliaConfig),
 }
 
 /// One entry of the agent's `sinks` object: `type`, the keys every sink takes, and its
@@ -124,6 +135,9 @@ impl SinkConfig {
             SinkSettings::Nats(_) => SinkType::Nats,
             SinkSettings::Stdout(_) => SinkType::Stdout,
             SinkSettings::Influx(kind, _) => *kind,
+            SinkSettings::Prometheus(_) => SinkType::Prometheus,
+            SinkSettings::Ganglia(_) => SinkType::Ganglia,
+            SinkSettings::Libganglia(_) => SinkType::Libganglia,
         }
     }
 
@@ -160,6 +174,9 @@ impl SinkConfig {
             SinkType::Influxdb | SinkType::Influxasync => {
                 SinkSettings::Influx(kind, settings(map)?)
             }
+            SinkType::Prometheus => SinkSettings::Prometheus(settings(map)?),
+            SinkType::Ganglia => SinkSettings::Ganglia(settings(map)?),
+            SinkType::Libganglia => SinkSettings::Libganglia(settings(map)?),
         };
         Ok(SinkConfig {
             queue_size,
@@ -177,6 +194,9 @@ impl SinkConfig {
         let checked = match &self.settings {
             SinkSettings::Http(c) => c.validate(),
             SinkSettings::Influx(_, c) => c.validate(),
+            SinkSettings::Prometheus(c) => c.validate(),
+            SinkSettings::Ganglia(c) => c.options().validate(),
+            SinkSettings::Libganglia(c) => c.options().validate(),
             SinkSettings::Nats(_) | SinkSettings::Stdout(_) => Ok(()),
         };
         match checked {
@@ -190,7 +210,21 @@ impl SinkConfig {
         match &mut self.settings {
             SinkSettings::Http(c) => c.resolve_paths(base),
             SinkSettings::Influx(_, c) => c.resolve_paths(base),
-            SinkSettings::Nats(_) | SinkSettings::Stdout(_) => {}
+            SinkSettings::Ganglia(c) => {
+                if let Some(file) = &mut c.gmetric_config
+                    && file.is_relative()
+                {
+                    *file = base.join(&*file);
+                }
+            }
+            SinkSettings::Libganglia(c) => {
+                if let Some(file) = &mut c.gmond_config
+                    && file.is_relative()
+                {
+                    *file = base.join(&*file);
+                }
+            }
+            SinkSettings::Nats(_) | SinkSettings::Stdout(_) | SinkSettings::Prometheus(_) => {}
         }
     }
 
@@ -199,7 +233,11 @@ impl SinkConfig {
         match &self.settings {
             SinkSettings::Http(c) => c.jwt_file.iter().cloned().collect(),
             SinkSettings::Influx(_, c) => c.password_file.iter().cloned().collect(),
-            SinkSettings::Nats(_) | SinkSettings::Stdout(_) => Vec::new(),
+            SinkSettings::Nats(_)
+            | SinkSettings::Stdout(_)
+            | SinkSettings::Prometheus(_)
+            | SinkSettings::Ganglia(_)
+            | SinkSettings::Libganglia(_) => Vec::new(),
         }
     }
 }
@@ -269,6 +307,16 @@ fn spawn(
                 counters,
                 rx,
             ))
+        }
+        SinkSettings::Prometheus(c) => {
+            let listener = prometheus::bind(name, c).map_err(AgentError::Config)?;
+            tokio::spawn(prometheus::run(listener, c.clone(), rx, counters))
+        }
+        SinkSettings::Ganglia(c) => {
+            ganglia::start(name, c.options(), rx, counters).map_err(AgentError::Config)?
+        }
+        SinkSettings::Libganglia(c) => {
+            ganglia::start(name, c.options(), rx, counters).map_err(AgentError::Config)?
         }
     })
 }
