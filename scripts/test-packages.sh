@@ -2,26 +2,31 @@
 # Builds the .deb and .rpm with scripts/package.sh and checks them on this Debian machine
 # (as root: the .deb is installed with dpkg and purged at the end).
 #
-#   scripts/test-packages.sh [--profile dist|release]   (default: release, quicker to build)
+#   scripts/test-packages.sh                  packages the dist build (slow to build)
+#   scripts/test-packages.sh --binary PATH [--plugins DIR]
+#                                             packages an already built `ccfleet` and plugins
+#                                             (scripts/test.sh passes the ones its tests use)
 #
 # The .deb: installed, the `ccfleet` system user exists, `ccfleet --version` runs, the
 # packaged example configurations pass `agent --check-config` and `server --check-config`
 # run as that user, the installed units pass `systemd-analyze verify`, the agent's unit is
 # enabled and the server's is not, an edited configuration file survives a reinstall, so
-# does a disabled agent, and a purge removes the files. The .rpm: its files (and their
-# %config(noreplace) flags) are those of the .deb, its scriptlets create the user and
-# enable the agent, and its payload unpacks into a scratch root where the binary runs.
+# does a disabled agent, and a purge removes the files. The .rpm: its files are those of the
+# .deb, those under /etc marked %config, its scriptlets create the user and enable the agent,
+# and its payload unpacks into a scratch root where the binary runs.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-profile=release
-case "${1:-}" in
-    "") ;;
-    --profile) profile=${2:?--profile needs dist or release} ;;
-    *) echo "usage: $0 [--profile dist|release]" >&2; exit 2 ;;
-esac
+package_args=()
+while (($#)); do
+    case "$1" in
+        --binary|--plugins) [[ $# -ge 2 ]] || { echo "$1 needs a value" >&2; exit 2; }
+            package_args+=("$1" "$2"); shift 2 ;;
+        *) echo "usage: $0 [--binary PATH [--plugins DIR]]" >&2; exit 2 ;;
+    esac
+done
 
 fail() { echo "package test: $*" >&2; exit 1; }
 say() { printf '==> %s\n' "$*" >&2; }
@@ -46,7 +51,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-scripts/package.sh --profile "$profile" --out "$out"
+scripts/package.sh "${package_args[@]}" --out "$out"
 deb=$(echo "$out"/ccfleet_*.deb)
 rpmfile=$(echo "$out"/ccfleet-*.rpm)
 [[ -f $deb ]] || fail "no .deb in $out"
@@ -153,19 +158,20 @@ done
 
 say "the .rpm: $(basename "$rpmfile")"
 rpm_files=$(rpm -qpl "$rpmfile")
-deb_files=$(dpkg-deb -c "$deb" | awk '$1 !~ /^d/ {print substr($6, 2)}')
 # The same files, but for zsh's completion directory, which the distributions name
-# differently.
+# differently, and the copyright file that only Debian's policy asks for.
+deb_files=$(dpkg-deb -c "$deb" | awk '$1 !~ /^d/ {print substr($6, 2)}' |
+    grep -vx /usr/share/doc/ccfleet/copyright)
 differ=$(diff <(sed 's|/zsh/vendor-completions/|/zsh/site-functions/|' <<<"$deb_files" | sort) \
     <(sort <<<"$rpm_files")) || fail "the .rpm and the .deb hold different files:
 $differ"
 flags=$(rpm -qp --qf '[%{FILEFLAGS:fflags} %{FILEMODES:perms} %{FILENAMES}\n]' "$rpmfile")
 for conf in agent.json server.json server.env config-tree/defaults.json config-tree/ccmc/fritz/node01.json; do
-    grep -q "^cn .* /etc/ccfleet/$conf$" <<<"$flags" || fail "/etc/ccfleet/$conf is not %config(noreplace): $(grep "/etc/ccfleet/$conf$" <<<"$flags")"
+    grep -q "^c .* /etc/ccfleet/$conf$" <<<"$flags" || fail "/etc/ccfleet/$conf is not %config: $(grep "/etc/ccfleet/$conf$" <<<"$flags")"
 done
-grep -q '^cn -rw------- /etc/ccfleet/server.env$' <<<"$flags" || fail "server.env is not mode 0600 in the .rpm"
-if grep -v '^cn ' <<<"$flags" | grep -q ' /etc/'; then
-    fail "a file under /etc is not %config(noreplace)"
+grep -q '^c -rw------- /etc/ccfleet/server.env$' <<<"$flags" || fail "server.env is not mode 0600 in the .rpm"
+if grep -v '^c ' <<<"$flags" | grep -q ' /etc/'; then
+    fail "a file under /etc is not %config"
 fi
 scripts=$(rpm -qp --scripts "$rpmfile")
 echo "$scripts" | grep -q '^preinstall scriptlet' || fail "the .rpm has no %pre scriptlet"
