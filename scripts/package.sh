@@ -128,7 +128,8 @@ cp -r packaging/debian packaging/rpm packaging/sysusers.d "$stage/"
 cp README.md "$stage/doc/"
 
 # The staging directory's own manifest: the package's name, version and description, then
-# packaging/package.toml with each rpm *_script = "FILE" replaced by FILE's text.
+# packaging/package.toml with each rpm *_script = "FILE" replaced by FILE's text and the
+# deb's conf-files by the staged configuration files.
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
 license=$(sed -n 's/^license = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
 repository=$(sed -n 's/^repository = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
@@ -148,7 +149,11 @@ repository=$(sed -n 's/^repository = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
     echo "path = \"$root/host/src/main.rs\""
     echo "[workspace]"
     while IFS= read -r line; do
-        if [[ $line =~ ^([a-z_]+_script)\ =\ \"(.+)\"$ ]]; then
+        if [[ $line == 'conf-files = "etc/**"' ]]; then
+            echo "conf-files = ["
+            (cd "$stage/etc" && find . -type f | sort | sed 's|^\./\(.*\)$|    "/etc/ccfleet/\1",|')
+            echo "]"
+        elif [[ $line =~ ^([a-z_]+_script)\ =\ \"(.+)\"$ ]]; then
             script="$stage/${BASH_REMATCH[2]}"
             [[ -f $script ]] || fail "packaging/package.toml: ${BASH_REMATCH[1]} names no file"
             ! grep -q "'''" "$script" || fail "$script contains ''' (it is quoted in a TOML literal)"

@@ -32,7 +32,7 @@ fail() { echo "package test: $*" >&2; exit 1; }
 say() { printf '==> %s\n' "$*" >&2; }
 
 [[ $(id -u) -eq 0 ]] || fail "must run as root (it installs and purges the .deb)"
-for tool in dpkg rpm rpm2cpio cpio systemd-analyze runuser; do
+for tool in dpkg rpm rpm2archive systemd-analyze runuser; do
     command -v "$tool" >/dev/null || fail "$tool is missing: scripts/test.sh installs it (apt)"
 done
 if dpkg-query -W -f='${Status}' ccfleet 2>/dev/null | grep -q "ok installed"; then
@@ -144,7 +144,7 @@ wants=/etc/systemd/system/multi-user.target.wants
 say "a reinstall keeps an edited configuration and a disabled agent"
 printf '\n' >>/etc/ccfleet/agent.json
 edited=$(sha256sum </etc/ccfleet/agent.json)
-deb-systemd-helper disable ccfleet-agent.service
+systemctl disable ccfleet-agent.service
 dpkg -i "$deb"
 [[ $(sha256sum </etc/ccfleet/agent.json) == "$edited" ]] || fail "the reinstall replaced the edited agent.json"
 [[ ! -e $wants/ccfleet-agent.service ]] || fail "the reinstall enabled the disabled agent again"
@@ -160,7 +160,7 @@ say "the .rpm: $(basename "$rpmfile")"
 rpm_files=$(rpm -qpl "$rpmfile")
 # The same files, but for zsh's completion directory, which the distributions name
 # differently, and the copyright file that only Debian's policy asks for.
-deb_files=$(dpkg-deb -c "$deb" | awk '$1 !~ /^d/ {print substr($6, 2)}' |
+deb_files=$(dpkg-deb -c "$deb" | awk '$1 !~ /^d/ {p = $6; sub(/^\.?\/?/, "/", p); print p}' |
     grep -vx /usr/share/doc/ccfleet/copyright)
 differ=$(diff <(sed 's|/zsh/vendor-completions/|/zsh/site-functions/|' <<<"$deb_files" | sort) \
     <(sort <<<"$rpm_files")) || fail "the .rpm and the .deb hold different files:
@@ -183,7 +183,8 @@ grep -q 'disable --now ccfleet-agent.service ccfleet-server.service' <<<"$script
 for script in packaging/rpm/*.sh packaging/debian/*; do
     sh -n "$script" || fail "$script is not valid sh"
 done
-(cd "$scratch" && mkdir rpmroot && cd rpmroot && rpm2cpio "$rpmfile" | cpio -idm --quiet)
+# rpm2archive, not rpm2cpio: Debian's rpm2cpio exits 1 on this payload after writing all of it.
+(cd "$scratch" && mkdir rpmroot && cd rpmroot && rpm2archive - <"$rpmfile" | tar -xz)
 [[ $("$scratch/rpmroot/usr/bin/ccfleet" --version) == "$version" ]] ||
     fail "the .rpm's binary is not the .deb's version"
 
