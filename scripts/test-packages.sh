@@ -45,9 +45,13 @@ if getent group ccfleet >/dev/null; then groupdel ccfleet; fi
 
 out=$(mktemp -d)
 scratch=$(mktemp -d)
+# The machine is left as it was found: what a purge keeps by design (the account, the
+# services' state) goes too.
 cleanup() {
     dpkg --purge ccfleet >/dev/null 2>&1 || true
-    rm -rf "$out" "$scratch"
+    if getent passwd ccfleet >/dev/null; then userdel ccfleet; fi
+    if getent group ccfleet >/dev/null; then groupdel ccfleet; fi
+    rm -rf "$out" "$scratch" /var/lib/ccfleet-agent /var/lib/ccfleet-server
 }
 trap cleanup EXIT
 
@@ -155,6 +159,8 @@ for gone in /usr/bin/ccfleet /etc/ccfleet/agent.json /usr/lib/systemd/system/ccf
     /usr/lib/ccfleet/plugins/loadavg.wasm /var/cache/ccfleet-agent; do
     [[ ! -e $gone ]] || fail "$gone is still there after the purge"
 done
+getent passwd ccfleet >/dev/null || fail "the purge removed the ccfleet user (its files may remain)"
+[[ -d /var/lib/ccfleet-server ]] || fail "the purge removed the server's state"
 
 say "the .rpm: $(basename "$rpmfile")"
 rpm_files=$(rpm -qpl "$rpmfile")
