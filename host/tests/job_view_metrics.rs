@@ -1,0 +1,517 @@
+//! What ClusterCockpit's job view needs from each NHR@FAU cluster: the agent converted from the
+//! cluster's published cc-metric-collector configuration (`fixtures/ccmc-fau/<site>/`, by
+//! `ccfleet agent import-ccmc`), running with that configuration's router over a recorded node
+//! (the `collectors` and `hpc` file trees, the stand-in LIKWID and NVML libraries), sends every
+//! metric the cluster's ClusterCockpit metric configuration (`<site>/cluster.json`, from
+//! cc-examples' job archive) names, tagged with the metric's scope as `type` and with the
+//! unit ClusterCockpit expects.
+//!
+//! The converted configuration is run as written except for what is specific to the node it
+//! runs on: the fleet server's address and the host name, each plugin's `files-root` (the
+//! recorded tree instead of `/`), the LIKWID and NVML library paths (the stand-ins), the
+//! collect interval (1 s instead of 60 s, so the test takes seconds), and the sinks: the
+//! site's cc-metric-store (`http`) sink keeps its settings (`meta_as_tags` among them) but
+//! points at a local store the test reads; its InfluxDB sinks are left out, since
+//! ClusterCockpit's job view reads the metric store only.
+
+#[path = "support/guests.rs"]
+mod guests;
+#[path = "support/store.rs"]
+mod store;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use ccfleet::server::{RunningServer, ServerConfig};
+use ccfleet_host::agent::{Agent, AgentConfig};
+use serde_json::{Value, json};
+use store::Store;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ccfleet");
+/// How long one node type may take to reach its rounds (only reached when it hangs).
+const WAIT: Duration = Duration::from_secs(120);
+/// Collect rounds of every plugin before the store's points are read.
+const ROUNDS: u64 = 3;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// One node type: the site's configuration directory, its collectors file where the site
+/// keeps one per node type, the directory of its `cluster.json`, the subcluster its nodes
+/// belong to and a host name of it.
+struct NodeType {
+    site: &'static str,
+    collectors: Option<&'static str>,
+    cluster_json: &'static str,
+    subcluster: &'static str,
+    host: &'static str,
+}
+
+const NODE_TYPES: &[NodeType] = &[
+    NodeType {
+        site: "alex",
+        collectors: None,
+        cluster_json: "alex",
+        subcluster: "a100",
+        host: "a0601",
+    },
+    NodeType {
+        site: "fritz",
+        collectors: None,
+        cluster_json: "fritz",
+        subcluster: "main",
+        host: "f0101",
+    },
+    NodeType {
+        site: "fritz.spr",
+        collectors: None,
+        cluster_json: "fritz",
+        subcluster: "spr1tb",
+        host: "f2157",
+    },
+    NodeType {
+        site: "meggie-ng",
+        collectors: None,
+        cluster_json: "meggie-ng",
+        subcluster: "main",
+        host: "m0101",
+    },
+    NodeType {
+        site: "tinyfat",
+        collectors: Some("collectors.bdw.json"),
+        cluster_json: "tinyfat",
+        subcluster: "broadwell_512gb",
+        host: "tf040",
+    },
+    NodeType {
+        site: "tinyfat",
+        collectors: Some("collectors.rome.json"),
+        cluster_json: "tinyfat",
+        subcluster: "rome_512gb",
+        host: "tf060",
+    },
+    NodeType {
+        site: "tinygpu",
+        collectors: Some("collectors.rome.a100.json"),
+        cluster_json: "tinygpu",
+        subcluster: "a100",
+        host: "tg090",
+    },
+    NodeType {
+        site: "tinygpu",
+        collectors: Some("collectors.skx.2080.json"),
+        cluster_json: "tinygpu",
+        subcluster: "rtx2080",
+        host: "tg060",
+    },
+    NodeType {
+        site: "tinygpu",
+        collectors: Some("collectors.skx.3080.json"),
+        cluster_json: "tinygpu",
+        subcluster: "rtx3080",
+        host: "tg080",
+    },
+    NodeType {
+        site: "tinygpu",
+        collectors: Some("collectors.skx.v100.json"),
+        cluster_json: "tinygpu",
+        subcluster: "v100",
+        host: "tg071",
+    },
+    NodeType {
+        site: "woody-ng",
+        collectors: Some("collectors.icx.json"),
+        cluster_json: "woody-ng",
+        subcluster: "icelake",
+        host: "w2201",
+    },
+    NodeType {
+        site: "woody-ng",
+        collectors: Some("collectors.skl.json"),
+        cluster_json: "woody-ng",
+        subcluster: "skylake",
+        host: "w1201",
+    },
+];
+
+/// Metrics of a `cluster.json` that no configuration of the node type can send as named,
+/// with the reason; everything else must arrive.
+const EXCLUDED: &[(&str, &str, &str)] = &[];
+
+/// Builds a stand-in library of `fixtures/<crate_dir>` once per test binary.
+fn standin(crate_dir: &str, file: &str) -> PathBuf {
+    let manifest = fixtures().join(crate_dir).join("Cargo.toml");
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join(crate_dir);
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_TARGET")
+        .status()
+        .unwrap_or_else(|e| panic!("running cargo build for {crate_dir}: {e}"));
+    assert!(status.success(), "building {crate_dir} failed");
+    let lib = target.join("debug").join(file);
+    assert!(lib.is_file(), "{} was not built", lib.display());
+    lib
+}
+
+fn likwid_standin() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| standin("likwid-standin", "liblikwid_standin.so"))
+}
+
+fn nvml_standin() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| standin("nvml-standin", "libnvidia_ml_standin.so"))
+}
+
+/// Copies a tree over `to`, replacing files that exist.
+fn copy_tree(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// The recorded node as of `round` (1 or 2).
+fn record_round(root: &Path, round: u8) {
+    copy_tree(&fixtures().join(format!("collectors/round{round}")), root);
+    copy_tree(&fixtures().join(format!("hpc/round{round}")), root);
+}
+
+/// `ccfleet agent import-ccmc` of a node type's configuration.
+fn convert(node: &NodeType, dir: &Path) -> Value {
+    let output = dir.join("converted.json");
+    let mut command = Command::new(BIN);
+    command
+        .args(["agent", "import-ccmc"])
+        .arg(fixtures().join("ccmc-fau").join(node.site))
+        .arg("-o")
+        .arg(&output)
+        .args(["--fleet-url", "http://backend.example:8080", "--plugin-dir"])
+        .arg(guests::components());
+    if let Some(file) = node.collectors {
+        command
+            .arg("--collectors")
+            .arg(fixtures().join("ccmc-fau").join(node.site).join(file));
+    }
+    let result = command.output().expect("running ccfleet");
+    assert!(
+        result.status.success(),
+        "{} {:?}: {}{}",
+        node.site,
+        node.collectors,
+        String::from_utf8_lossy(&result.stdout),
+        String::from_utf8_lossy(&result.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap()
+}
+
+/// The converted configuration with the node-specific settings of this test (see the top of
+/// this file).
+fn for_recorded_node(
+    mut config: Value,
+    node: &NodeType,
+    server: &str,
+    store: &str,
+    root: &Path,
+    dir: &Path,
+    cache: &Path,
+) -> Value {
+    config["fleet"]["url"] = json!(server);
+    config["fleet"]["hostname"] = json!(node.host);
+    config["fleet"]["config-poll-interval"] = json!("1h");
+    config["plugin-cache-dir"] = json!(cache);
+    config["metrics-addr"] = json!("127.0.0.1:0");
+    for plugin in config["plugins"].as_array_mut().unwrap() {
+        plugin["collect-interval"] = json!("1s");
+        let caps = plugin["capabilities"].as_object_mut().unwrap();
+        caps.insert("files-root".into(), json!(root));
+        // A library is loaded once per file, so each run gets its own copy.
+        if caps.contains_key("likwid-library") || caps.get("likwid") == Some(&json!(true)) {
+            let lib = dir.join("liblikwid.so.5");
+            std::fs::copy(likwid_standin(), &lib).unwrap();
+            caps.insert("likwid-library".into(), json!(lib));
+        }
+        if caps.get("nvml") == Some(&json!(true)) {
+            let lib = dir.join("libnvidia-ml.so.1");
+            std::fs::copy(nvml_standin(), &lib).unwrap();
+            caps.insert("nvml-library".into(), json!(lib));
+        }
+    }
+    let sinks = config["sinks"].as_object().unwrap().clone();
+    let mut kept = serde_json::Map::new();
+    for (name, mut sink) in sinks {
+        if sink["type"] != "http" {
+            continue;
+        }
+        // The site's store keeps its query (`?cluster=...`) and moves to the local one.
+        let query = sink["url"]
+            .as_str()
+            .and_then(|u| u.split_once('?'))
+            .map(|(_, q)| format!("?{q}"))
+            .unwrap_or_default();
+        sink["url"] = json!(format!("{store}{query}"));
+        sink["flush-delay"] = json!("50ms");
+        if let Some(sink) = sink.as_object_mut() {
+            sink.remove("jwt-file");
+        }
+        kept.insert(name, sink);
+    }
+    assert!(!kept.is_empty(), "{}: a cc-metric-store sink", node.site);
+    config["sinks"] = Value::Object(kept);
+    config
+}
+
+async fn fleet_server(dir: &Path) -> RunningServer {
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(tree.join("ccmc")).unwrap();
+    std::fs::write(tree.join("ccmc").join("defaults.json"), "{}").unwrap();
+    let config = json!({
+        "addr": "127.0.0.1:0",
+        "disable-authentication": true,
+        "fleet": {"config-dir": tree, "config-reload-interval": "1h"}
+    });
+    ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
+        .await
+        .expect("fleet server")
+}
+
+/// Each plugin's collect calls so far, from the agent's `/metrics`.
+async fn collect_calls(addr: std::net::SocketAddr) -> BTreeMap<String, u64> {
+    let text = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut calls = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("ccfleet_agent_plugin_calls_total{plugin=\"") else {
+            continue;
+        };
+        let Some((plugin, rest)) = rest.split_once('"') else {
+            continue;
+        };
+        if !rest.contains("call=\"collect\"") {
+            continue;
+        }
+        let n: u64 = rest
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        *calls.entry(plugin.to_owned()).or_insert(0) += n;
+    }
+    calls
+}
+
+/// A unit as cc-backend normalises it (cc-units): the prefix and the measure, each in its
+/// canonical spelling, so `Flops/s` and `F/s`, `°C` and `degC` compare equal.
+fn normalised_unit(prefix: &str, base: &str) -> String {
+    let measure = match base {
+        "B" | "byte" | "bytes" | "Byte" | "Bytes" => "B",
+        "B/s" | "bytes/s" | "Bytes/s" | "Byte/s" | "byte/s" => "B/s",
+        "F/s" | "Flops/s" | "FLOPS/s" | "FLOP/s" | "flops/s" | "Flop/s" => "F/s",
+        "Hz" | "hz" => "Hz",
+        "W" | "watt" | "Watt" | "watts" | "Watts" => "W",
+        "°C" | "degC" | "C" | "celsius" | "Celsius" => "degC",
+        "packets/s" | "pkts/s" | "packets per second" => "packets/s",
+        "%" | "percent" => "%",
+        other => other,
+    };
+    format!("{prefix}{measure}")
+}
+
+/// The unit of a point's `unit` tag, split into prefix and base the way cc-units reads it.
+fn split_unit(unit: &str) -> (String, String) {
+    for base in [
+        "B/s",
+        "B",
+        "F/s",
+        "Flops/s",
+        "FLOP/s",
+        "Hz",
+        "W",
+        "degC",
+        "°C",
+        "packets/s",
+        "IPC",
+        "load",
+        "%",
+    ] {
+        if let Some(prefix) = unit.strip_suffix(base)
+            && ["", "K", "M", "G", "T", "P", "k"].contains(&prefix)
+        {
+            return (prefix.to_uppercase(), base.to_owned());
+        }
+    }
+    (String::new(), unit.to_owned())
+}
+
+/// What ClusterCockpit's metric configuration of `node` names and the store lacks, one line
+/// per metric.
+fn problems(node: &NodeType, points: &[store::StoredPoint]) -> Vec<String> {
+    let text = std::fs::read_to_string(
+        fixtures()
+            .join("ccmc-fau")
+            .join(node.cluster_json)
+            .join("cluster.json"),
+    )
+    .unwrap();
+    let cluster: Value = serde_json::from_str(&text).unwrap();
+    let mut out = Vec::new();
+    for metric in cluster["metricConfig"].as_array().unwrap() {
+        let name = metric["name"].as_str().unwrap();
+        let removed = metric["subClusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["name"] == node.subcluster && s["remove"] == true);
+        if removed
+            || EXCLUDED
+                .iter()
+                .any(|(c, m, _)| *c == node.cluster_json && *m == name)
+        {
+            continue;
+        }
+        let scope = metric["scope"].as_str().unwrap();
+        let prefix = metric["unit"]["prefix"].as_str().unwrap_or("");
+        let base = metric["unit"]["base"].as_str().unwrap_or("");
+        let want_unit = normalised_unit(prefix, base);
+        let named: Vec<&store::StoredPoint> =
+            points.iter().filter(|p| p.measurement == name).collect();
+        if named.is_empty() {
+            out.push(format!("{name}: missing"));
+            continue;
+        }
+        let tag = |p: &store::StoredPoint, key: &str| {
+            p.tags
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+        };
+        let types: BTreeSet<String> = named
+            .iter()
+            .map(|p| tag(p, "type").unwrap_or_else(|| "(none)".into()))
+            .collect();
+        if !types.contains(scope) {
+            out.push(format!("{name}: type {types:?}, want {scope}"));
+        }
+        let units: BTreeSet<String> = named
+            .iter()
+            .map(|p| tag(p, "unit").unwrap_or_default())
+            .collect();
+        let matching = units.iter().any(|u| {
+            let (p, b) = split_unit(u);
+            normalised_unit(&p, &b) == want_unit
+        });
+        if !matching {
+            out.push(format!("{name}: unit {units:?}, want {want_unit:?}"));
+        }
+    }
+    out
+}
+
+/// Runs one node type and returns what is missing or wrong.
+async fn run(node: &NodeType, cache: &Path) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    record_round(&root, 1);
+    let converted = convert(node, dir.path());
+    let server = fleet_server(dir.path()).await;
+    let store = Store::start(None).await;
+    let config = for_recorded_node(
+        converted,
+        node,
+        &server.base_url(),
+        &store.url(),
+        &root,
+        dir.path(),
+        cache,
+    );
+    let config = AgentConfig::from_json(&config.to_string(), dir.path())
+        .unwrap_or_else(|e| panic!("{} {:?}: {e}", node.site, node.collectors));
+    let agent = Agent::new(config)
+        .unwrap()
+        .start()
+        .await
+        .expect("agent starts");
+    let addr = agent.metrics_addr().expect("a metrics listener");
+    let plugins = agent_plugins(node, dir.path());
+    let started = Instant::now();
+    let mut second_round = false;
+    loop {
+        let calls = collect_calls(addr).await;
+        let least = plugins
+            .iter()
+            .map(|p| calls.get(p).copied().unwrap_or(0))
+            .min()
+            .unwrap_or(0);
+        if least >= 1 && !second_round {
+            // The counters move on, so rates and differences are of a real interval.
+            record_round(&root, 2);
+            second_round = true;
+        }
+        // One round more than needed, so the last needed round's batch is flushed.
+        if least > ROUNDS {
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "{} {:?}: plugins did not reach {ROUNDS} rounds: {calls:?}",
+            node.site,
+            node.collectors
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    agent.shutdown().await.expect("clean shutdown");
+    problems(node, &store.points())
+}
+
+/// The plugin names of the converted configuration.
+fn agent_plugins(_node: &NodeType, dir: &Path) -> Vec<String> {
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("converted.json")).unwrap())
+            .unwrap();
+    config["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fau_node_type_sends_what_its_job_view_needs() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut report = Vec::new();
+    for node in NODE_TYPES {
+        let problems = run(node, cache.path()).await;
+        if !problems.is_empty() {
+            report.push(format!(
+                "{} {} ({}):\n  {}",
+                node.site,
+                node.collectors.unwrap_or("collectors.json"),
+                node.subcluster,
+                problems.join("\n  ")
+            ));
+        }
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
+}
