@@ -9,7 +9,8 @@
 //! The converted configuration is run as written except for what is specific to the node it
 //! runs on: the fleet server's address and the host name, each plugin's `files-root` (the
 //! recorded tree instead of `/`), the LIKWID and NVML library paths (the stand-ins), the
-//! collect interval (1 s instead of 60 s, so the test takes seconds), and the sinks: the
+//! collect interval (1 s instead of 60 s, so the test takes seconds) with LIKWID's
+//! measurement time within it (100 ms instead of 10 s), and the sinks: the
 //! site's cc-metric-store (`http`) sink keeps its settings (`meta_as_tags` among them) but
 //! points at a local store the test reads; its InfluxDB sinks are left out, since
 //! ClusterCockpit's job view reads the metric store only.
@@ -239,6 +240,11 @@ fn for_recorded_node(
     config["metrics-addr"] = json!("127.0.0.1:0");
     for plugin in config["plugins"].as_array_mut().unwrap() {
         plugin["collect-interval"] = json!("1s");
+        if plugin["name"] == "likwid" {
+            // LIKWID measures for `duration` within each round; 10 s of it would make the
+            // 1 s rounds overrun (the stand-in's counters do not depend on it).
+            plugin["config"]["duration"] = json!("100ms");
+        }
         let caps = plugin["capabilities"].as_object_mut().unwrap();
         caps.insert("files-root".into(), json!(root));
         // A library is loaded once per file, so each run gets its own copy.
@@ -455,6 +461,7 @@ async fn run(node: &NodeType, cache: &Path) -> Vec<String> {
     let addr = agent.metrics_addr().expect("a metrics listener");
     let plugins = agent_plugins(node, dir.path());
     let started = Instant::now();
+    eprintln!("{} {:?}: started", node.site, node.collectors);
     let mut second_round = false;
     loop {
         let calls = collect_calls(addr).await;
