@@ -152,7 +152,8 @@ enum Aspect {
 
 /// Where a site's published configuration and its `cluster.json` disagree, so the agent,
 /// sending what the configuration says (as cc-metric-collector would), cannot match the
-/// metric configuration: (site, metric, aspect, why). Everything else is checked.
+/// metric configuration: (site, or site/collectors file, or `*`; metric; aspect; why).
+/// Everything else is checked.
 const EXCLUDED: &[(&str, &str, Aspect, &str)] = &[
     (
         "fritz.spr",
@@ -163,7 +164,75 @@ const EXCLUDED: &[(&str, &str, Aspect, &str)] = &[
     ),
     ("fritz.spr", "mem_power", Aspect::Sent, "as cpu_power"),
     ("fritz.spr", "ipc", Aspect::Sent, "as cpu_power"),
-    ("fritz.spr", "vectorization_ratio", Aspect::Sent, "as cpu_power"),
+    (
+        "fritz.spr",
+        "vectorization_ratio",
+        Aspect::Sent,
+        "as cpu_power",
+    ),
+    (
+        "tinyfat/collectors.rome.json",
+        "flops_sp",
+        Aspect::Sent,
+        "the AMD Zen 2 likwid configurations count all flops in one event \
+         (RETIRED_SSE_AVX_FLOPS_ALL) and compute flops_any only; Zen 2 has no DRAM energy \
+         counter for mem_power",
+    ),
+    (
+        "tinyfat/collectors.rome.json",
+        "flops_dp",
+        Aspect::Sent,
+        "as flops_sp",
+    ),
+    (
+        "tinyfat/collectors.rome.json",
+        "mem_power",
+        Aspect::Sent,
+        "as flops_sp",
+    ),
+    (
+        "tinyfat/collectors.rome.json",
+        "vectorization_ratio",
+        Aspect::Sent,
+        "as flops_sp",
+    ),
+    (
+        "tinygpu/collectors.rome.a100.json",
+        "flops_sp",
+        Aspect::Sent,
+        "as on tinyfat's rome",
+    ),
+    (
+        "tinygpu/collectors.rome.a100.json",
+        "flops_dp",
+        Aspect::Sent,
+        "as flops_sp",
+    ),
+    (
+        "tinygpu/collectors.rome.a100.json",
+        "mem_power",
+        Aspect::Sent,
+        "as flops_sp",
+    ),
+    (
+        "tinygpu/collectors.rome.a100.json",
+        "vectorization_ratio",
+        Aspect::Sent,
+        "as flops_sp",
+    ),
+    (
+        "tinygpu",
+        "nv_temp",
+        Aspect::Unit,
+        "cluster-tinygpu.json gives nv_temp the unit GB (alex's gives °C); the agent sends degC",
+    ),
+    (
+        "*",
+        "acc_mem_used",
+        Aspect::Unit,
+        "nvidia sends nv_fb_mem_used in MByte (as cc-metric-collector's); the routers rename \
+         it acc_mem_used but have no change_unit_prefix for it, and cluster.json says GB",
+    ),
     (
         "*",
         "ipc",
@@ -217,7 +286,12 @@ const EXCLUDED: &[(&str, &str, Aspect, &str)] = &[
 
 fn excluded(node: &NodeType, metric: &str, aspect: Aspect) -> bool {
     EXCLUDED.iter().any(|(site, m, a, _)| {
-        (*site == "*" || *site == node.site) && *m == metric && *a == aspect
+        let variant = format!(
+            "{}/{}",
+            node.site,
+            node.collectors.unwrap_or("collectors.json")
+        );
+        (*site == "*" || *site == node.site || *site == variant) && *m == metric && *a == aspect
     })
 }
 
@@ -526,8 +600,7 @@ fn problems(node: &NodeType, points: &[store::StoredPoint]) -> Vec<String> {
             .collect();
         // An empty unit in cluster.json states none: cc-backend then shows the metric
         // without one, whatever the collector calls it (`Percent` for cpu_user).
-        let matching =
-            base.is_empty() || units.iter().any(|u| normalised_unit(u) == want_unit);
+        let matching = base.is_empty() || units.iter().any(|u| normalised_unit(u) == want_unit);
         if !matching && !excluded(node, name, Aspect::Unit) {
             out.push(format!("{name}: unit {units:?}, want {want_unit:?}"));
         }
