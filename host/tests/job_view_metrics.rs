@@ -9,7 +9,7 @@
 //! The converted configuration is run as written except for what is specific to the node it
 //! runs on: the fleet server's address and the host name, each plugin's `files-root` (the
 //! recorded tree instead of `/`), the LIKWID and NVML library paths (the stand-ins), the
-//! collect interval (1 s instead of 60 s, so the test takes seconds) with LIKWID's
+//! collect interval (500 ms instead of 60 s, so the test takes seconds) with LIKWID's
 //! measurement time within it (100 ms instead of 10 s), and the sinks: the
 //! site's cc-metric-store (`http`) sink keeps its settings (`meta_as_tags` among them) but
 //! points at a local store the test reads; its InfluxDB sinks are left out, since
@@ -35,7 +35,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_ccfleet");
 /// How long one node type may take to reach its rounds (only reached when it hangs).
 const WAIT: Duration = Duration::from_secs(120);
 /// Collect rounds of every plugin before the store's points are read.
-const ROUNDS: u64 = 3;
+const ROUNDS: u64 = 2;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -391,10 +391,10 @@ fn for_recorded_node(
     config["plugin-cache-dir"] = json!(cache);
     config["metrics-addr"] = json!("127.0.0.1:0");
     for plugin in config["plugins"].as_array_mut().unwrap() {
-        plugin["collect-interval"] = json!("1s");
+        plugin["collect-interval"] = json!("500ms");
         if plugin["name"] == "likwid" {
             // LIKWID measures for `duration` within each round; 10 s of it would make the
-            // 1 s rounds overrun (the stand-in's counters do not depend on it).
+            // 500 ms rounds overrun (the stand-in's counters do not depend on it).
             plugin["config"]["duration"] = json!("100ms");
         }
         let caps = plugin["capabilities"].as_object_mut().unwrap();
@@ -634,7 +634,7 @@ async fn run(node: &NodeType, cache: &Path) -> Vec<String> {
         .await
         .expect("agent starts");
     let addr = agent.metrics_addr().expect("a metrics listener");
-    let plugins = agent_plugins(node, dir.path());
+    let plugins = agent_plugins(dir.path());
     let started = Instant::now();
     eprintln!("{} {:?}: started", node.site, node.collectors);
     let mut second_round = false;
@@ -667,7 +667,7 @@ async fn run(node: &NodeType, cache: &Path) -> Vec<String> {
 }
 
 /// The plugin names of the converted configuration.
-fn agent_plugins(_node: &NodeType, dir: &Path) -> Vec<String> {
+fn agent_plugins(dir: &Path) -> Vec<String> {
     let config: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("converted.json")).unwrap())
             .unwrap();
