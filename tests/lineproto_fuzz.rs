@@ -59,3 +59,8 @@ fn the_emit_check_passes_its_fuzz_checks_on_every_seed_and_past_failure() {
 fn host_lists_pass_their_fuzz_checks_on_every_seed_and_past_failure() {
     replay("hostlist", checks::hostlist);
 }
+
+#[test]
+fn plugin_signature_sections_pass_their_fuzz_checks_on_every_seed() {
+    replay("wasm_signature", checks::wasm_signature);
+}

@@ -632,3 +632,77 @@ async fn the_page_data_shows_rosters_and_counts_each_plugin_version_served() {
     assert_eq!(data["instances"].as_array().unwrap().len(), 4);
     fleet.server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_view_opened_without_a_session_survives_the_login() {
+    let fleet = Fleet::start(json!({})).await;
+    let origin = fleet.origin();
+    // A colleague's link: the view's keys go to the login form, anything else is dropped,
+    // and the values are written anew.
+    let page = fleet
+        .client
+        .get(fleet.url(
+            "/fleet/?cluster=fritz&state=stale&host=f%5B0101-0125%5D&sort=name&page=1&next=%2F%2Fevil.example",
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::SEE_OTHER);
+    let view = "host=f%5B0101-0125%5D&state=stale&cluster=fritz&sort=name&page=1";
+    let login_url = format!("/fleet/login?{view}");
+    assert_eq!(page.headers()["location"], login_url.as_str());
+    let form = fleet
+        .client
+        .get(fleet.url(&login_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(form.status(), 200);
+    assert!(
+        !form.text().await.unwrap().contains("action="),
+        "the form posts to the URL it was shown at, view and all"
+    );
+    // The token posted there opens the session and leads back to the view.
+    let response = fleet
+        .client
+        .post(fleet.url(&login_url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("origin", &origin)
+        .body(format!("token={}", fleet.token(&["support"])))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        response.headers()["location"],
+        format!("/fleet/?{view}").as_str()
+    );
+    let session = response.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    // Logged in already, the login form leads to the view too.
+    let again = fleet
+        .client
+        .get(fleet.url("/fleet/login?state=pending"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.headers()["location"], "/fleet/?state=pending");
+    // A refused token keeps the URL, so the next try still carries the view.
+    let refused = fleet
+        .client
+        .post(fleet.url(&login_url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("origin", &origin)
+        .body(format!("token={}", fleet.node))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    fleet.server.shutdown().await.unwrap();
+}

@@ -117,23 +117,52 @@ async fn summary_filters_pages_tags_and_compression() {
         || async { get_json(&client, &summary_url).await["total"]["stale"] == 4 },
     )
     .await;
+    // The compact form: zeros and empty lists left out, a state needing attention as
+    // [count, hosts] (the stale ones with the oldest one's last sign of life).
     let summary = get_json(&client, &summary_url).await;
+    assert_eq!(summary["v"], 2);
+    assert_eq!(summary["staleAfterSeconds"], 3);
     assert_eq!(
         summary["total"],
-        json!({"pending": 1, "active": 26, "stale": 4, "duplicate": 0, "failing": 1})
+        json!({"pending": 1, "active": 26, "stale": 4, "failing": 1})
     );
     let groups = summary["groups"].as_array().unwrap();
     assert_eq!(groups.len(), 2);
-    assert_eq!(groups[0]["cluster"], "alex");
+    assert_eq!(
+        groups[0],
+        json!({"cluster": "alex", "type": "ccmc", "active": 1})
+    );
     let fritz = &groups[1];
+    let oldest = fritz["stale"][2].as_i64().unwrap();
+    assert!(oldest <= summary["now"].as_i64().unwrap() - 3);
+    assert_eq!(
+        fritz,
+        &json!({"cluster": "fritz", "type": "ccmc", "active": 25,
+                "stale": [4, "f[0003-0005,0009]", oldest], "pending": [1, "f0012"],
+                "failing": [1, "f0008"]})
+    );
+    // The full form, as before the compact one, for readers written against it.
+    let full = get_json(&client, &format!("{summary_url}?v=1")).await;
+    assert!(full.get("v").is_none());
+    assert_eq!(
+        full["total"],
+        json!({"pending": 1, "active": 26, "stale": 4, "duplicate": 0, "failing": 1})
+    );
+    let fritz = &full["groups"][1];
     assert_eq!(fritz["serviceType"], "ccmc");
     assert_eq!(
         fritz["hosts"],
         json!({"pending": "f0012", "stale": "f[0003-0005,0009]", "duplicate": "",
                "failing": "f0008"})
     );
-    let oldest = fritz["oldestStaleSince"].as_i64().unwrap();
-    assert!(oldest <= summary["now"].as_i64().unwrap() - 3);
+    assert_eq!(fritz["oldestStaleSince"], oldest);
+    let refused = client
+        .get(format!("{summary_url}?v=3"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    assert!(refused.text().await.unwrap().contains("v=3: expected 1"));
 
     // The instance list takes host lists and patterns, report filters, order and pages.
     let hosts = |answer: &Value| -> Vec<String> {

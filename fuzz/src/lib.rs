@@ -451,3 +451,52 @@ pub fn hostlist(data: &[u8]) {
     again.sort();
     assert_eq!(again, names, "{expression:?} written as {written:?}");
 }
+
+/// Any bytes as a (signed) WebAssembly binary: splitting at the signature section and reading
+/// its payload never panic nor take more than the input holds; what reads re-encodes into a
+/// section that reads back the same, and a binary assembled from the parts splits into them.
+pub fn wasm_signature(data: &[u8]) {
+    use ccfleet::wasm_signature::{MAX_HASHES, MAX_SIGNATURES, assemble, encode, parse, split};
+    // Both as given and under a component header, so the fuzzer need not find the magic.
+    let mut headed = ccfleet::wasm_signature::COMPONENT_HEADER.to_vec();
+    headed.extend_from_slice(data);
+    for binary in [data, &headed[..]] {
+        let Ok(parts) = split(binary) else {
+            continue;
+        };
+        assert!(parts.signed.len() <= binary.len() - 8);
+        assert!(
+            binary.ends_with(parts.signed),
+            "the signed part is the binary's tail"
+        );
+        let Some(payload) = parts.signature else {
+            assert_eq!(
+                parts.signed,
+                &binary[8..],
+                "unsigned: everything is content"
+            );
+            continue;
+        };
+        let Ok(sets) = parse(payload) else {
+            continue;
+        };
+        assert!(sets.len() <= MAX_HASHES);
+        for set in &sets {
+            assert!(set.hashes.len() <= MAX_HASHES);
+            assert!(set.signatures.len() <= MAX_SIGNATURES);
+            for signature in &set.signatures {
+                assert!(signature.key_id.len() + signature.bytes.len() <= payload.len());
+            }
+        }
+        let again = encode(&sets).expect("what was read fits the format");
+        assert!(
+            again.len() <= payload.len(),
+            "the shortest form is no longer"
+        );
+        assert_eq!(parse(&again).expect("re-encoded reads"), sets);
+        let rebuilt = assemble(parts.header, &again, parts.signed).expect("assembles");
+        let back = split(&rebuilt).expect("an assembled binary splits");
+        assert_eq!(back.signature, Some(&again[..]));
+        assert_eq!(back.signed, parts.signed);
+    }
+}

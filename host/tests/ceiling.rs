@@ -389,3 +389,64 @@ async fn nvidia_runs_with_the_nodes_library() {
     );
     wait_for("nvidia's points", async || sink.text().contains("nv_")).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn likwid_runs_only_with_the_nodes_library() {
+    let fleet = Fleet::start().await;
+    let root = fleet.dir();
+    let (evil, ran) = build_evil_library(root);
+    let likwid = fleet.publish("likwid");
+    let config = ceiling_fleet::likwid_config(root);
+    let entry = |caps: serde_json::Value| {
+        json!([{"name": "counters", "sha256": likwid, "collect-interval": "1s",
+                "config": config, "capabilities": caps}])
+    };
+    // The fleet naming a library, even with the node granting LIKWID, is refused.
+    fleet
+        .serve(entry(json!({"likwid": true, "likwid-library": evil})))
+        .await;
+    let sink = Receiver::start().await;
+    let mut agent = fleet.agent(&sink, json!({"fleet-ceiling": {"likwid": true}}), &[]);
+    let metrics = metrics_addr(&mut agent);
+    wait_for("the fleet's library refused", async || {
+        rollouts(metrics, "counters", "beyond_ceiling").await >= 1.0
+    })
+    .await;
+    let log = agent.log().join("\n");
+    assert!(log.contains("likwid-library"), "{log}");
+    drop(agent);
+
+    // The node's own library in the download directory is refused before it is loaded.
+    let kept = root.join("node").join("fleet-plugins");
+    std::fs::create_dir_all(&kept).unwrap();
+    let planted = kept.join("liblikwid.so.5");
+    std::fs::copy(&evil, &planted).unwrap();
+    fleet.serve(entry(json!({"likwid": true}))).await;
+    let mut agent = fleet.agent(
+        &sink,
+        json!({"fleet-ceiling": {"likwid": true, "likwid-library": planted}}),
+        &[],
+    );
+    let metrics = metrics_addr(&mut agent);
+    wait_for("the planted library refused", async || {
+        rollouts(metrics, "counters", "instantiate_failed").await >= 1.0
+    })
+    .await;
+    let log = agent.log().join("\n");
+    assert!(log.contains("lies in the agent's state directory"), "{log}");
+    assert!(!ran.exists(), "a library constructor ran");
+    drop(agent);
+
+    // The node's library elsewhere is the one the fleet's plugin measures with.
+    let library = ceiling_fleet::likwid_standin(root);
+    let _agent = fleet.agent(
+        &sink,
+        json!({"fleet-ceiling": {"likwid": true, "likwid-library": library}}),
+        &[],
+    );
+    wait_for("likwid's points", async || {
+        sink.text().contains("flops_any")
+    })
+    .await;
+    assert!(!ran.exists(), "a library constructor ran");
+}

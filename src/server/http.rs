@@ -74,7 +74,7 @@ impl ResponseForPanic for PanicResponse {
             "fleet: panic while handling an HTTP request, answered 500: {}",
             Untrusted(message)
         );
-        super::api::internal_error()
+        super::api_error::internal_error()
     }
 }
 

@@ -20,6 +20,8 @@
 
 pub mod allowlist;
 mod api;
+mod api_error;
+mod app;
 pub mod auth;
 pub mod config;
 pub mod configtree;
@@ -583,7 +585,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     }
 
     let duplicates = Arc::new(duplicates::Duplicates::new(metrics.clone()));
-    let app = api::router(api::AppState {
+    let app = api::router(app::AppState {
         registry: registry.clone(),
         tree: tree.clone(),
         verifier,

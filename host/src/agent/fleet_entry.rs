@@ -5,8 +5,9 @@
 //! `collect-interval`, `limits` and `capabilities`, each within the ceiling. A command is
 //! named, not defined: `"run": ["ipmi-sensors"]` (or `{"ipmi-sensors": {}}`, or the node's
 //! very definition, as older trees write it) runs the command the ceiling defines under
-//! that name. A native library is the node's: with `nvml` granted, the plugin loads the
-//! ceiling's `nvml-library` (else the environment's, else the system's).
+//! that name. A native library is the node's: with `nvml` (`likwid`) granted, the plugin
+//! loads the ceiling's `nvml-library` (`likwid-library`), else the environment's, else the
+//! system's.
 
 use std::path::Path;
 
@@ -109,9 +110,17 @@ pub(crate) fn check(
     }
     // What the node decides, whatever the fleet wrote.
     caps.files_root = ceiling.capabilities.files_root.clone();
-    if caps.nvml {
-        caps.nvml_library = ceiling.capabilities.nvml_library.clone();
-    }
+    // Each native library is the node's: the fleet sets a flag, never a path.
+    caps.nvml_library = ceiling
+        .capabilities
+        .nvml_library
+        .clone()
+        .filter(|_| caps.nvml);
+    caps.likwid_library = ceiling
+        .capabilities
+        .likwid_library
+        .clone()
+        .filter(|_| caps.likwid);
     let spec = PluginSpec {
         name: Some(name.clone()),
         path: dir.join(format!("{sha256}.wasm")),
@@ -207,6 +216,8 @@ mod tests {
         top.capabilities.run.insert("ipmi-sensors".into(), sensors);
         top.capabilities.nvml = true;
         top.capabilities.nvml_library = Some("/opt/nvidia/libnvidia-ml.so.1".into());
+        top.capabilities.likwid = true;
+        top.capabilities.likwid_library = Some("/apps/likwid/lib/liblikwid.so.5".into());
         top
     }
 
@@ -257,6 +268,33 @@ mod tests {
         let why = refused(serde_json::json!({"name": "gpu", "sha256": SHA,
             "capabilities": {"nvml": true, "nvml-library": "/tmp/evil.so"}}));
         assert!(why.contains("nvml-library"), "{why}");
+        assert_eq!(spec.capabilities.likwid_library, None);
+    }
+
+    #[test]
+    fn the_nodes_likwid_library_is_loaded_and_the_fleets_refused() {
+        let spec = admitted(serde_json::json!({"name": "counters", "sha256": SHA,
+            "capabilities": {"likwid": true}}));
+        assert_eq!(
+            spec.capabilities.likwid_library.as_deref(),
+            Some(Path::new("/apps/likwid/lib/liblikwid.so.5"))
+        );
+        assert_eq!(spec.capabilities.nvml_library, None);
+        for library in ["/tmp/evil.so", "/apps/likwid/lib/liblikwid.so.5"] {
+            let why = refused(serde_json::json!({"name": "counters", "sha256": SHA,
+                "capabilities": {"likwid": true, "likwid-library": library}}));
+            assert!(why.contains("likwid-library"), "{why}");
+        }
+        let mut plain = Ceiling::default();
+        plain.capabilities.likwid_library = Some("/apps/likwid/lib/liblikwid.so.5".into());
+        let entry = serde_json::json!({"name": "counters", "sha256": SHA,
+            "capabilities": {"likwid": true}});
+        match check(&entry, Path::new("/d"), &plain).unwrap() {
+            Checked::Refused { escalation, .. } => {
+                assert_eq!(escalation.grant, "capabilities.likwid")
+            }
+            Checked::Admitted { spec, .. } => panic!("admitted: {spec:?}"),
+        }
     }
 
     #[test]
@@ -315,6 +353,7 @@ mod tests {
 #[cfg(test)]
 mod widening {
     use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
     use serde_json::{Value, json};
 
     use super::*;
@@ -361,22 +400,49 @@ mod widening {
         ]
     }
 
-    fn capabilities() -> impl Strategy<Value = Value> {
+    /// Capabilities each grant of which is present with probability `p` (a fleet's entries
+    /// ask for little, most of them within a ceiling; a ceiling grants much).
+    fn capabilities(p: f64) -> impl Strategy<Value = Value> {
+        let some = move |list: BoxedStrategy<Vec<&'static str>>| {
+            proptest::option::weighted(p, list).prop_map(Option::unwrap_or_default)
+        };
         (
+            proptest::bool::weighted(p),
+            some(proptest::collection::vec(pick(&DIRS), 1..3).boxed()),
+            some(proptest::collection::vec(pick(&PATTERNS), 1..4).boxed()),
+            proptest::option::weighted(p / 2.0, pick(&["/srv/fixtures", "/"])),
+            proptest::bool::weighted(p),
+            proptest::option::weighted(
+                p,
+                proptest::collection::btree_map(pick(&["report", "pwn"]), command(), 1..3),
+            )
+            .prop_map(Option::unwrap_or_default),
+            proptest::bool::weighted(0.5),
+            proptest::option::weighted(p, pick(&["/opt/nvml.so", "/tmp/evil.so"])),
             any::<bool>(),
-            proptest::collection::vec(pick(&DIRS), 0..3),
-            proptest::collection::vec(pick(&PATTERNS), 0..4),
-            proptest::option::of(pick(&["/srv/fixtures", "/"])),
-            any::<bool>(),
-            proptest::collection::btree_map(pick(&["report", "pwn"]), command(), 0..3),
-            any::<bool>(),
-            proptest::option::of(pick(&["/opt/nvml.so", "/tmp/evil.so"])),
-            any::<bool>(),
+            (
+                proptest::bool::weighted(0.5),
+                proptest::option::weighted(p, pick(&["/opt/liblikwid.so.5", "/tmp/evil.so"])),
+            ),
         )
             .prop_map(
-                |(wasi, dirs, files, root, mount, run, nvml, lib, as_list)| {
+                |(
+                    wasi,
+                    dirs,
+                    files,
+                    root,
+                    mount,
+                    run,
+                    nvml,
+                    lib,
+                    as_list,
+                    (likwid, likwid_lib),
+                )| {
                     let mut caps = json!({"wasi": wasi, "read-dirs": dirs, "read-files": files,
-                                      "mount-info": mount, "nvml": nvml});
+                                      "mount-info": mount, "nvml": nvml, "likwid": likwid});
+                    if let Some(lib) = likwid_lib {
+                        caps["likwid-library"] = json!(lib);
+                    }
                     if as_list {
                         caps["run"] = json!(run.keys().collect::<Vec<_>>());
                     } else {
@@ -394,11 +460,16 @@ mod widening {
     }
 
     fn ceiling() -> impl Strategy<Value = Ceiling> {
-        (capabilities(), 1u32..512, 0usize..4).prop_map(|(mut caps, memory, plugins)| {
+        (capabilities(0.6), 1u32..512, 0usize..4).prop_map(|(mut caps, memory, plugins)| {
             // A node's commands are definitions, never empty.
             caps["run"] = json!({"report": {"path": "/bin/echo", "args": ["node"]}});
             if let Some(o) = caps.as_object_mut() {
-                o.remove("nvml-library");
+                // A node's library keys are its own: kept only where its flag is set.
+                for (flag, key) in [("nvml", "nvml-library"), ("likwid", "likwid-library")] {
+                    if o.get(flag) != Some(&json!(true)) {
+                        o.remove(key);
+                    }
+                }
                 o.insert("limits".into(), json!({"memory-mb": memory}));
                 o.insert("max-plugins".into(), json!(plugins + 1));
             }
@@ -408,10 +479,12 @@ mod widening {
 
     fn entry() -> impl Strategy<Value = Value> {
         (
-            capabilities(),
-            1u32..2048,
+            capabilities(0.15),
+            // Mostly within the default limits, so that entries are admitted often enough
+            // for the property to say something about admitted grants.
+            prop_oneof![3 => 1u32..64, 1 => 64u32..2048],
             proptest::option::of(pick(&["1ms", "50ms", "1s"])),
-            1u32..100_000,
+            prop_oneof![3 => 1u32..=20, 1 => 21u32..100_000],
         )
             .prop_map(|(caps, memory, every, lines)| {
                 let mut entry = json!({"name": "p", "sha256": SHA, "capabilities": caps,
@@ -424,50 +497,100 @@ mod widening {
             })
     }
 
+    /// Checks the property for one entry and ceiling: `Ok(true)` when the entry was admitted.
+    fn holds(entry: &Value, top: &Ceiling) -> Result<bool, TestCaseError> {
+        let Ok(Checked::Admitted { spec, .. }) = check(entry, Path::new("/d"), top) else {
+            return Ok(false);
+        };
+        let caps = &spec.capabilities;
+        let ceiling = &top.capabilities;
+        prop_assert!(!caps.wasi || ceiling.wasi);
+        prop_assert!(!caps.mount_info || ceiling.mount_info);
+        prop_assert!(!caps.nvml || ceiling.nvml);
+        prop_assert_eq!(&caps.files_root, &ceiling.files_root);
+        prop_assert!(!caps.likwid || ceiling.likwid);
+        if caps.nvml {
+            prop_assert_eq!(&caps.nvml_library, &ceiling.nvml_library);
+        } else {
+            prop_assert_eq!(&caps.nvml_library, &None);
+        }
+        if caps.likwid {
+            prop_assert_eq!(&caps.likwid_library, &ceiling.likwid_library);
+        } else {
+            prop_assert_eq!(&caps.likwid_library, &None);
+        }
+        // No library path the fleet wrote is ever loaded.
+        let fleet_caps = &entry["capabilities"];
+        prop_assert!(fleet_caps.get("nvml-library").is_none());
+        prop_assert!(fleet_caps.get("likwid-library").is_none());
+        for (name, grant) in &caps.run {
+            prop_assert_eq!(Some(grant), ceiling.run.get(name));
+        }
+        for dir in &caps.read_dirs {
+            prop_assert!(ceiling.read_dirs.iter().any(|top| dir.starts_with(top)));
+        }
+        // Every concrete path the plugin may read, the ceiling lets it read.
+        for path in PATHS {
+            let asked = caps
+                .read_files
+                .iter()
+                .any(|p| crate::plugin::ceiling::pattern_covers(p, path));
+            if asked {
+                prop_assert!(
+                    ceiling
+                        .read_files
+                        .iter()
+                        .any(|p| { crate::plugin::ceiling::pattern_covers(p, path) }),
+                    "{} reads {}",
+                    entry,
+                    path
+                );
+            }
+        }
+        for named in &caps.read_files {
+            if crate::plugin::secrets::names_system_secret(named) {
+                prop_assert!(ceiling.read_files.contains(named));
+            }
+        }
+        prop_assert!(top.admits_limits(&spec.limits).is_ok());
+        prop_assert!(spec.limits.memory_mb <= top.limits.memory_mb);
+        prop_assert!(top.admits_interval(spec.collect_interval).is_ok());
+        Ok(true)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
 
         #[test]
         fn nothing_the_fleet_sends_widens_a_grant(entry in entry(), top in ceiling()) {
-            let Ok(Checked::Admitted { spec, .. }) = check(&entry, Path::new("/d"), &top) else {
-                return Ok(());
-            };
-            let caps = &spec.capabilities;
-            let ceiling = &top.capabilities;
-            prop_assert!(!caps.wasi || ceiling.wasi);
-            prop_assert!(!caps.mount_info || ceiling.mount_info);
-            prop_assert!(!caps.nvml || ceiling.nvml);
-            prop_assert_eq!(&caps.files_root, &ceiling.files_root);
-            if caps.nvml {
-                prop_assert_eq!(&caps.nvml_library, &ceiling.nvml_library);
-            } else {
-                prop_assert_eq!(&caps.nvml_library, &None);
-            }
-            for (name, grant) in &caps.run {
-                prop_assert_eq!(Some(grant), ceiling.run.get(name));
-            }
-            for dir in &caps.read_dirs {
-                prop_assert!(ceiling.read_dirs.iter().any(|top| dir.starts_with(top)));
-            }
-            // Every concrete path the plugin may read, the ceiling lets it read.
-            for path in PATHS {
-                let asked = caps.read_files.iter().any(|p| {
-                    crate::plugin::ceiling::pattern_covers(p, path)
-                });
-                if asked {
-                    prop_assert!(ceiling.read_files.iter().any(|p| {
-                        crate::plugin::ceiling::pattern_covers(p, path)
-                    }), "{} reads {}", entry, path);
-                }
-            }
-            for named in &caps.read_files {
-                if crate::plugin::secrets::names_system_secret(named) {
-                    prop_assert!(ceiling.read_files.contains(named));
-                }
-            }
-            prop_assert!(top.admits_limits(&spec.limits).is_ok());
-            prop_assert!(spec.limits.memory_mb <= top.limits.memory_mb);
-            prop_assert!(top.admits_interval(spec.collect_interval).is_ok());
+            holds(&entry, &top)?;
         }
+    }
+
+    /// The property is not vacuous: admitted entries holding a native library grant of the
+    /// node's own library are among the cases it sees.
+    #[test]
+    fn the_property_sees_admitted_native_libraries() {
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let (mut admitted, mut libraries) = (0, 0);
+        for _ in 0..512 {
+            let entry = entry().new_tree(&mut runner).unwrap().current();
+            let top = ceiling().new_tree(&mut runner).unwrap().current();
+            if holds(&entry, &top).unwrap() {
+                admitted += 1;
+                let caps = &entry["capabilities"];
+                let node = &top.capabilities;
+                if (caps["nvml"] == json!(true) && node.nvml_library.is_some())
+                    || (caps["likwid"] == json!(true) && node.likwid_library.is_some())
+                {
+                    libraries += 1;
+                }
+            }
+        }
+        assert!(admitted >= 20, "only {admitted} of 512 entries admitted");
+        assert!(
+            libraries >= 5,
+            "only {libraries} admitted with the node's library"
+        );
     }
 }

@@ -378,6 +378,17 @@ impl Agent {
                     rollout::Fetcher::new(&fleet_urls, &token, dir, ceiling.max_stored_bytes())
                         .map_err(AgentError::Config)?;
                 let (stop, stopped) = watch::channel(false);
+                let signing = config.plugin_public_keys.clone();
+                if signing.is_empty() {
+                    tracing::info!(
+                        "plugin signatures are not enforced: no plugin-public-keys; fleet plugins run signed or not"
+                    );
+                } else {
+                    tracing::info!(
+                        keys = signing.0.len(),
+                        "plugin signatures are enforced: a fleet plugin runs only when signed by one of the plugin-public-keys"
+                    );
+                }
                 let task = rollout::Rollout {
                     runtime: runtime.clone(),
                     feeds: feeds.clone(),
@@ -389,6 +400,7 @@ impl Agent {
                     assignments: assignments.clone(),
                     retry_interval: poll_interval,
                     ceiling,
+                    signing,
                 }
                 .spawn(
                     initial.config.clone(),

@@ -167,7 +167,9 @@ impl Observed {
             "ccfleet_agent_plugin_rollouts_total",
             "counter",
             "Fleet plugin rollouts by result: swapped (the new version runs), download_failed, \
-             hash_mismatch, store_failed, instantiate_failed (the old version kept running).",
+             hash_mismatch, store_failed, instantiate_failed (the old version kept running); \
+             refused: beyond_ceiling, unsigned, signature_untrusted, signature_mismatch, \
+             signature_malformed.",
         );
         for ((plugin, result), n) in self
             .rollouts

@@ -36,6 +36,7 @@ use super::fleet_entry::{self, Checked};
 use super::health::{Assignment, AssignmentStage, Assignments};
 use super::observe::ObservedPlugin;
 use crate::plugin::ceiling::{Ceiling, Escalation};
+use crate::plugin::signature::{self, PublicKeys};
 use crate::plugin::sink::SinkHandle;
 use crate::{FeedSenders, PluginHandle, PluginSpec, PluginState, Runtime};
 
@@ -440,6 +441,8 @@ pub(crate) struct Rollout {
     pub retry_interval: Duration,
     /// What the fleet may grant its plugins on this node.
     pub ceiling: Ceiling,
+    /// The keys a fleet plugin's component must be signed with; none: not checked.
+    pub signing: PublicKeys,
 }
 
 impl Rollout {
@@ -676,6 +679,28 @@ impl Rollout {
                 retry = true;
                 continue;
             }
+            if let Err(refusal) = self.signed(&want).await {
+                // Not retried until the entry changes: the same bytes never verify later.
+                let why = format!(
+                    "refused: {refusal}{}",
+                    if refusal == signature::Refusal::Unsigned {
+                        "; this node runs only fleet plugins signed by one of its plugin-public-keys"
+                    } else {
+                        ""
+                    }
+                );
+                tracing::warn!(plugin = %shown, sha256 = %want.sha256, "the fleet plugin is not run ({keeping}): {why}");
+                self.record(
+                    &name,
+                    &want.sha256,
+                    AssignmentStage::StartFailed,
+                    Some(why),
+                    true,
+                );
+                self.count(&name, refusal.result());
+                failed.insert(name, want);
+                continue;
+            }
             match self.start(&want).await {
                 Ok(handle) => {
                     tracing::info!(plugin = %shown, sha256 = %want.sha256, previous = previous.as_deref().unwrap_or("none"), "fleet plugin version running");
@@ -709,6 +734,25 @@ impl Rollout {
         }
         self.fetcher.prune(keep(running)).await;
         retry
+    }
+
+    /// Checks the signature of `want`'s kept component against the node's keys (none: not
+    /// checked). Run before every start, so a cached configuration is held to the keys the
+    /// agent has now.
+    async fn signed(&self, want: &Wanted) -> Result<(), signature::Refusal> {
+        if self.signing.is_empty() {
+            return Ok(());
+        }
+        let path = want.spec.path.clone();
+        let keys = self.signing.clone();
+        tokio::task::spawn_blocking(move || match std::fs::read(&path) {
+            Ok(bytes) => signature::verify(&bytes, &keys),
+            Err(e) => Err(signature::Refusal::Malformed(format!(
+                "cannot read the kept component: {e}"
+            ))),
+        })
+        .await
+        .unwrap_or_else(|e| Err(signature::Refusal::Malformed(e.to_string())))
     }
 
     /// Starts `want` and waits until it runs; on failure it is stopped again.

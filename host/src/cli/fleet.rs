@@ -106,15 +106,38 @@ pub struct Answer {
     pub instances: Vec<Instance>,
 }
 
-/// The answer of `GET /api/fleet/summary`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
+/// The answer of `GET /api/fleet/summary`, in the compact form a server answers by default
+/// or the full form of a server from before it: read as either, printed (`--json`) as it
+/// came.
+#[derive(Debug, Clone)]
 pub struct SummaryAnswer {
     /// The server's clock (Unix seconds).
     pub now: i64,
-    /// The summary.
-    #[serde(flatten)]
+    /// The summary, in its full form.
     pub summary: ccfleet::server::status::summary::Summary,
+    /// The answer as the server sent it.
+    raw: serde_json::Value,
+}
+
+impl<'de> Deserialize<'de> for SummaryAnswer {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let raw = serde_json::Value::deserialize(d)?;
+        let now = raw
+            .get("now")
+            .and_then(serde_json::Value::as_i64)
+            .ok_or_else(|| D::Error::missing_field("now"))?;
+        let summary = ccfleet::server::status::compact::EitherForm::deserialize(&raw)
+            .map_err(D::Error::custom)?
+            .into_full();
+        Ok(SummaryAnswer { now, summary, raw })
+    }
+}
+
+impl Serialize for SummaryAnswer {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.raw.serialize(s)
+    }
 }
 
 /// A `--host` value: a host list or pattern the server will take.
@@ -762,5 +785,23 @@ fritz / ccmc: 500 active, 3 stale, 1 pending, 1 failing (oldest stale: last seen
 "
         );
         assert!(host_list("f[1-").unwrap_err().contains("without its ']'"));
+
+        // The compact form a server answers by default reads the same, and prints as sent.
+        let compact = serde_json::json!({
+            "now": 10_000,
+            "staleAfterSeconds": 90,
+            "v": 2,
+            "total": {"pending": 1, "active": 500, "stale": 3, "failing": 1},
+            "groups": [{
+                "cluster": "fritz", "type": "ccmc", "active": 500,
+                "stale": [3, "f[0101-0102,0201]", 10_000 - 7_300],
+                "pending": [1, "f0999"], "failing": [1, "f0300"]
+            }]
+        });
+        let read: SummaryAnswer = serde_json::from_value(compact.clone()).unwrap();
+        assert_eq!(read.summary, answer.summary);
+        assert_eq!(render_summary(&read, false), render_summary(&answer, false));
+        assert_eq!(serde_json::to_value(&read).unwrap(), compact);
+        assert!(serde_json::from_value::<SummaryAnswer>(serde_json::json!({"now": 1})).is_err());
     }
 }

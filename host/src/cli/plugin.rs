@@ -6,6 +6,7 @@
 mod build;
 mod new;
 mod run;
+mod sign;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +38,14 @@ enum Command {
         /// Where to write the component.
         output: PathBuf,
     },
+    /// Writes a fresh Ed25519 signing key for the site's plugins (mode 0600; never over an
+    /// existing file) and prints its public key, for the agents' `plugin-public-keys`.
+    Keygen(sign::KeygenArgs),
+    /// Signs components with the site's key (wasmsign2's embedded signature) and prints
+    /// each signed file's SHA-256, the value a fleet plugin entry names.
+    Sign(sign::SignArgs),
+    /// Checks that components carry a valid signature by one of the given public keys.
+    Verify(sign::VerifyArgs),
     /// Compiles a component and checks it against the cc:fleet plugin world.
     Check {
         /// The component.
@@ -53,6 +62,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::New(args) => new::run(args),
         Command::Build(args) => build::run(args),
         Command::Run(args) => run::run(args).await,
+        Command::Keygen(args) => sign::keygen(args),
+        Command::Sign(args) => sign::sign(args),
+        Command::Verify(args) => sign::verify(args),
         Command::Componentize { input, output } => {
             ccfleet_host::componentize::componentize_file(&input, &output)?;
             Ok(ExitCode::SUCCESS)

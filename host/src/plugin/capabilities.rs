@@ -90,7 +90,35 @@ pub struct Capabilities {
     pub likwid_library: Option<PathBuf>,
 }
 
+/// A grant of a native library the agent loads for a plugin: its flag and the library the
+/// node names for it.
+pub struct NativeLibrary<'a> {
+    /// The library key (`nvml-library`, ...).
+    pub key: &'static str,
+    /// Whether the grant's flag is set.
+    pub granted: bool,
+    /// The library path the grant names.
+    pub library: Option<&'a Path>,
+}
+
 impl Capabilities {
+    /// The native-library grants, each with the library it names: these paths come only
+    /// from the node's own configuration and never from a state directory of the agent's.
+    pub fn native_libraries(&self) -> [NativeLibrary<'_>; 2] {
+        [
+            NativeLibrary {
+                key: "nvml-library",
+                granted: self.nvml,
+                library: self.nvml_library.as_deref(),
+            },
+            NativeLibrary {
+                key: "likwid-library",
+                granted: self.likwid,
+                library: self.likwid_library.as_deref(),
+            },
+        ]
+    }
+
     /// Checks the grants without touching the file system.
     pub fn validate(&self) -> Result<(), String> {
         if !self.read_dirs.is_empty() && !self.wasi {

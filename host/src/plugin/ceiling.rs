@@ -278,7 +278,7 @@ impl Ceiling {
 
 /// The capability keys [`Capabilities::within`] checks one by one; any other key the fleet
 /// sets is a flag that needs the ceiling's, or is refused.
-const KNOWN_KEYS: [&str; 8] = [
+const KNOWN_KEYS: [&str; 10] = [
     "wasi",
     "read-dirs",
     "read-files",
@@ -287,6 +287,8 @@ const KNOWN_KEYS: [&str; 8] = [
     "run",
     "nvml",
     "nvml-library",
+    "likwid",
+    "likwid-library",
 ];
 
 impl Capabilities {
@@ -301,12 +303,16 @@ impl Capabilities {
         flag("wasi", self.wasi, ceiling.wasi)?;
         flag("mount-info", self.mount_info, ceiling.mount_info)?;
         flag("nvml", self.nvml, ceiling.nvml)?;
-        if let Some(library) = &self.nvml_library {
-            return Err(escalation(format!(
-                "capabilities.nvml-library {} (native libraries come only from the node's own \
-                 configuration)",
-                library.display()
-            )));
+        flag("likwid", self.likwid, ceiling.likwid)?;
+        for native in self.native_libraries() {
+            if let Some(library) = native.library {
+                return Err(escalation(format!(
+                    "capabilities.{} {} (native libraries come only from the node's own \
+                     configuration)",
+                    native.key,
+                    library.display()
+                )));
+            }
         }
         for dir in &self.read_dirs {
             if !ceiling.read_dirs.iter().any(|top| dir_within(dir, top)) {
@@ -462,6 +468,7 @@ mod tests {
                 "read-files entry /**",
             ),
             (serde_json::json!({"nvml": true}), "capabilities.nvml"),
+            (serde_json::json!({"likwid": true}), "capabilities.likwid"),
             (
                 serde_json::json!({"files-root": "/srv/x"}),
                 "capabilities.files-root",
@@ -502,14 +509,22 @@ mod tests {
 
     #[test]
     fn native_libraries_never_come_from_the_fleet() {
-        let top = caps(serde_json::json!({"nvml": true, "nvml-library": "/opt/nvml.so"}));
-        caps(serde_json::json!({"nvml": true}))
-            .within(&top)
-            .unwrap();
-        let err = caps(serde_json::json!({"nvml": true, "nvml-library": "/opt/nvml.so"}))
-            .within(&top)
-            .unwrap_err();
-        assert!(err.grant.contains("nvml-library"), "{err}");
+        for (flag, key) in [("nvml", "nvml-library"), ("likwid", "likwid-library")] {
+            let top = caps(serde_json::json!({flag: true, key: "/opt/lib.so"}));
+            caps(serde_json::json!({flag: true})).within(&top).unwrap();
+            // Even the very library the node names is refused when the fleet writes it.
+            let err = caps(serde_json::json!({flag: true, key: "/opt/lib.so"}))
+                .within(&top)
+                .unwrap_err();
+            assert!(
+                err.grant.contains(key) && err.grant.contains("node's own configuration"),
+                "{err}"
+            );
+            let err = caps(serde_json::json!({flag: true}))
+                .within(&Capabilities::default())
+                .unwrap_err();
+            assert_eq!(err.grant, format!("capabilities.{flag}"));
+        }
     }
 
     #[test]

@@ -318,16 +318,25 @@ impl Runtime {
         } else {
             None
         };
-        if caps.nvml {
-            super::libraries::check(
+        let libraries = [
+            (
+                caps.nvml,
                 caps.nvml_library.as_deref(),
                 super::nvml::LIBRARY_ENV,
-                &self.inner.options.state_dirs,
-            )
-            .map_err(|reason| HostError::Spec {
-                plugin: plugin.to_string(),
-                reason,
-            })?;
+            ),
+            (
+                caps.likwid,
+                caps.likwid_library.as_deref(),
+                super::native::likwid::LIBRARY_ENV,
+            ),
+        ];
+        for (_, library, env) in libraries.into_iter().filter(|(granted, ..)| *granted) {
+            super::libraries::check(library, env, &self.inner.options.state_dirs).map_err(
+                |reason| HostError::Spec {
+                    plugin: plugin.to_string(),
+                    reason,
+                },
+            )?;
         }
         let state = HostState {
             plugin: plugin.clone(),

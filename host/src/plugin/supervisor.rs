@@ -77,6 +77,7 @@ fn spawn(runtime: Runtime, spec: PluginSpec, feeds: Feeds, sink: SinkHandle) -> 
         stats: stats.clone(),
         failing: Vec::new(),
         commands: Arc::new(CommandGrants::none(stats.commands().clone())),
+        grants_shown: false,
     };
     let task = tokio::spawn(supervisor.run());
     PluginHandle::new(name, status, stop, task, stats)
@@ -146,6 +147,8 @@ struct Supervisor {
     /// The commands the plugin may run, opened whenever its file is (re)loaded and shared
     /// by the instances of that version.
     commands: Arc<CommandGrants>,
+    /// Whether the plugin's grants were logged (once, at its first start).
+    grants_shown: bool,
 }
 
 impl Supervisor {
@@ -214,6 +217,13 @@ impl Supervisor {
                         generation = self.generation,
                         "plugin started"
                     );
+                    if !std::mem::replace(&mut self.grants_shown, true) {
+                        tracing::info!(
+                            plugin = &*self.name,
+                            "plugin grants: {}",
+                            super::grants::summary(&self.spec)
+                        );
+                    }
                     // State first: whoever reacts to the event sees the state it announces.
                     self.set_state(PluginState::Running, None);
                     self.event(EventKind::Started);

@@ -45,6 +45,8 @@ fn getrandom(out: &mut [u8]) {
 pub struct Fleet {
     dir: tempfile::TempDir,
     token: String,
+    /// A token of the `admin` role, for the status API.
+    admin_token: String,
     server: Option<RunningServer>,
     proxy: SocketAddr,
     proxy_task: tokio::task::JoinHandle<()>,
@@ -131,6 +133,7 @@ impl Fleet {
         Fleet {
             dir,
             token: keys.sign_token("agent", &["api"], None),
+            admin_token: keys.sign_token("operator", &["admin"], None),
             server: Some(server),
             proxy: addr,
             proxy_task,
@@ -187,6 +190,19 @@ impl Fleet {
         if let Some(server) = self.server.take() {
             server.shutdown().await.unwrap();
         }
+    }
+
+    /// `GET /api/fleet/instances` of the server (the status API, as `ccfleet fleet status`
+    /// reads it): every member with the plugins it reports.
+    pub async fn instances(&self) -> Json {
+        let answer = http_client()
+            .get(format!("http://{}/api/fleet/instances", self.proxy))
+            .header("X-Auth-Token", &self.admin_token)
+            .send()
+            .await
+            .expect("the status API");
+        assert!(answer.status().is_success(), "{}", answer.status());
+        answer.json().await.expect("JSON from the status API")
     }
 
     /// The reports agents sent with their configuration polls so far.
@@ -284,18 +300,32 @@ pub fn metrics_addr(agent: &mut AgentProcess) -> SocketAddr {
 }
 
 async fn scrape(addr: SocketAddr) -> String {
+    get(addr, "/metrics").await
+}
+
+/// The body of `GET path` from the agent's listener (empty when it does not answer).
+async fn get(addr: SocketAddr, path: &str) -> String {
     let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
         return String::new();
     };
-    let _ = stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
-        .await;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n");
+    let _ = stream.write_all(request.as_bytes()).await;
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response).await;
     response
         .split_once("\r\n\r\n")
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default()
+}
+
+/// The error `/readyz` gives for the fleet plugin `name` (`None`: it runs or is not named).
+pub async fn readyz_error(addr: SocketAddr, name: &str) -> Option<String> {
+    let body: Json = serde_json::from_str(&get(addr, "/readyz").await).ok()?;
+    body["fleet_plugins"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["error"].as_str().map(str::to_owned))
 }
 
 /// `ccfleet_agent_plugin_rollouts_total` of `plugin` and `result`.
@@ -380,4 +410,44 @@ pub fn nvml_standin(dir: &Path) -> PathBuf {
     let lib = dir.join("libnvidia-ml.so.1");
     std::fs::copy(built, &lib).unwrap();
     lib
+}
+
+/// A copy of the LIKWID stand-in library (built once per test binary) in `dir`, under
+/// LIKWID's versioned file name.
+pub fn likwid_standin(dir: &Path) -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    let built = LIB.get_or_init(|| {
+        let manifest =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/likwid-standin/Cargo.toml");
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("likwid-standin");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "--manifest-path"])
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(&target)
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env_remove("CARGO_BUILD_TARGET")
+            .status()
+            .expect("running cargo build for the stand-in LIKWID");
+        assert!(status.success(), "building the stand-in LIKWID failed");
+        target.join("debug/liblikwid_standin.so")
+    });
+    let lib = dir.join("liblikwid.so.5.2");
+    std::fs::copy(built, &lib).unwrap();
+    lib
+}
+
+/// The `likwid` plugin's configuration: NHR@FAU's `fritz` section, measuring 200 ms, its
+/// lock file in `dir`.
+pub fn likwid_config(dir: &Path) -> Json {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ccmc-fau/fritz/collectors.json");
+    let all: Json = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let mut config = all["likwid"].clone();
+    config["duration"] = json!("200ms");
+    config["lockfile_path"] = json!(dir.join("likwid.lock"));
+    config["hostname"] = json!("node01");
+    config
 }

@@ -19,7 +19,8 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::super::api::{ApiError, AppState, error, internal_error};
+use super::super::api_error::{ApiError, error, internal_error};
+use super::super::app::AppState;
 use super::super::auth;
 use super::super::metrics::Metrics;
 use super::super::status::access::{ADMIN_ROLE, StatusReader};

@@ -14,7 +14,8 @@ use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 
-use super::super::api::{ApiError, AppState, internal_error};
+use super::super::api_error::{ApiError, internal_error};
+use super::super::app::AppState;
 use super::super::auth::{self, AuthError, Claims, Verifier};
 use super::super::metrics::Metrics;
 

@@ -2,9 +2,9 @@
 //!
 //! - `GET /api/fleet/instances` answers JSON for tools (`ccfleet fleet status`): the
 //!   members a [`query`] names, sorted and paged; `GET /api/fleet/summary` counts them per
-//!   cluster and type with the unwell hosts as host lists ([`summary`]). They take a token
-//!   like the other fleet routes, but one with cc-backend's `admin` or `support` role
-//!   ([`access`]).
+//!   cluster and type with the unwell hosts as host lists ([`summary`], in the compact form
+//!   of [`compact`] unless asked for `v=1`). They take a token like the other fleet routes,
+//!   but one with cc-backend's `admin` or `support` role ([`access`]).
 //! - `GET /fleet/` is a web page for people: the summary first, then the members a view
 //!   asks for (a page at a time), the roster each cluster is sent and the plugin rollouts
 //!   of the configuration tree with what the agents report running. It refreshes itself
@@ -19,16 +19,18 @@
 
 pub mod access;
 pub(crate) mod answer;
+pub mod compact;
 pub mod origin;
 pub(crate) mod page;
 pub mod plugins;
 pub mod query;
 pub mod session;
 pub mod snapshot;
+pub mod store;
 pub mod summary;
+pub mod view;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
@@ -38,62 +40,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 
-use super::allowlist::TrustedProxies;
-use super::api::{ApiError, AppState};
-use super::configtree::Resolved;
+use super::api_error::ApiError;
+use super::app::AppState;
 use access::StatusReader;
-use plugins::RevisionPlugins;
+use compact::{CompactSummary, Form};
 use query::{Facts, Query};
-use session::Sessions;
 use snapshot::{InstanceView, RolloutView, RosterView};
+pub use store::Status;
 use summary::Summary;
-
-/// What the status view keeps between requests.
-pub struct Status {
-    sessions: Sessions,
-    revisions: RevisionPlugins,
-    proxies: TrustedProxies,
-    roster_prefix: String,
-    stale_after: Duration,
-    /// Whether rosters go out at all (they need NATS).
-    publishes_rosters: bool,
-}
-
-impl std::fmt::Debug for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Status")
-            .field("sessions", &self.sessions.len())
-            .field("revisions", &self.revisions.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Status {
-    /// The view of a server whose rosters go out under `roster_prefix`, whose members go
-    /// stale after `stale_after`, and which believes TLS only from `proxies`.
-    pub fn new(roster_prefix: &str, stale_after: Duration, proxies: TrustedProxies) -> Status {
-        Status {
-            sessions: Sessions::default(),
-            revisions: RevisionPlugins::default(),
-            proxies,
-            roster_prefix: roster_prefix.to_owned(),
-            stale_after,
-            publishes_rosters: true,
-        }
-    }
-
-    /// The view of a server without NATS, which publishes no rosters: the page says so
-    /// instead of listing rosters nobody is sent.
-    pub fn without_rosters(mut self) -> Status {
-        self.publishes_rosters = false;
-        self
-    }
-
-    /// Records what a configuration pull served (called by the pull's handler).
-    pub fn served(&self, resolved: &Resolved) {
-        self.revisions.record(resolved);
-    }
-}
 
 /// The routes of the view, for the API router.
 pub(crate) fn routes() -> Router<Arc<AppState>> {
@@ -126,13 +80,22 @@ pub(crate) struct InstancesAnswer {
     instances: Vec<InstanceView>,
 }
 
-/// `GET /api/fleet/summary` (after `now`).
+/// `GET /api/fleet/summary?v=1` (after `now`).
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct SummaryAnswer {
     stale_after_seconds: u64,
     #[serde(flatten)]
     summary: Summary,
+}
+
+/// `GET /api/fleet/summary` (after `now`): the compact form ([`compact`]).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct CompactAnswer {
+    stale_after_seconds: u64,
+    #[serde(flatten)]
+    summary: CompactSummary,
 }
 
 /// `GET /fleet/overview.json` (after `now`): what the page shows besides the members.
@@ -217,6 +180,31 @@ pub(crate) fn parse_query(
     Query::parse(&pairs).map_err(ApiError::BadRequest)
 }
 
+/// The query of a summary request and the form it asks for (`v`, which only the summary
+/// takes), or the 400 naming what is wrong.
+pub(crate) fn parse_summary_query(
+    query: Result<Query_<Vec<(String, String)>>, QueryRejection>,
+) -> Result<(Query, Form), ApiError> {
+    let Query_(mut pairs) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let mut form = Form::default();
+    let mut failed = None;
+    pairs.retain(|(key, value)| {
+        if key != "v" {
+            return true;
+        }
+        match Form::parse(value) {
+            Ok(f) => form = f,
+            Err(e) => failed = Some(e),
+        }
+        false
+    });
+    if let Some(e) = failed {
+        return Err(ApiError::BadRequest(e));
+    }
+    let query = Query::parse(&pairs).map_err(ApiError::BadRequest)?;
+    Ok((query, form))
+}
+
 async fn instances(
     _: StatusReader,
     State(state): State<Arc<AppState>>,
@@ -233,8 +221,8 @@ async fn summary_route(
     headers: HeaderMap,
     query: Result<Query_<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let query = parse_query(query)?;
-    Ok(summary_answer(&state, &headers, &query))
+    let (query, form) = parse_summary_query(query)?;
+    Ok(summary_answer(&state, &headers, &query, form))
 }
 
 /// What the server knows of a member besides its registration.
@@ -261,17 +249,35 @@ pub(crate) fn instances_answer(state: &AppState, headers: &HeaderMap, query: &Qu
     )
 }
 
-/// The summary of the members `query` names, tagged.
-pub(crate) fn summary_answer(state: &AppState, headers: &HeaderMap, query: &Query) -> Response {
+/// The summary of the members `query` names in `form`, tagged.
+pub(crate) fn summary_answer(
+    state: &AppState,
+    headers: &HeaderMap,
+    query: &Query,
+    form: Form,
+) -> Response {
     let stored = state.registry.stored();
-    answer::tagged_json(
-        headers,
-        super::registry::unix_seconds(),
-        &SummaryAnswer {
-            stale_after_seconds: state.status.stale_after.as_secs(),
-            summary: summary::summary(&stored, &query.filters, |s| facts(state, s)),
-        },
-    )
+    let summary = summary::summary(&stored, &query.filters, |s| facts(state, s));
+    let stale_after_seconds = state.status.stale_after.as_secs();
+    let now = super::registry::unix_seconds();
+    match form {
+        Form::Full => answer::tagged_json(
+            headers,
+            now,
+            &SummaryAnswer {
+                stale_after_seconds,
+                summary,
+            },
+        ),
+        Form::Compact => answer::tagged_json(
+            headers,
+            now,
+            &CompactAnswer {
+                stale_after_seconds,
+                summary: CompactSummary::from(&summary),
+            },
+        ),
+    }
 }
 
 /// Whether duplicate-identity detection has `stored`'s member in an episode now.

@@ -15,12 +15,13 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::super::api::AppState;
+use super::super::app::AppState;
 use super::super::metrics::Metrics;
 use super::super::registry::unix_seconds;
 use super::access::{self, Refused};
 use super::origin::{came_over_tls, check_same_origin};
 use super::session::{self, Session};
+use super::view::{view_query, with_view};
 use crate::untrusted::Untrusted;
 
 const PAGE_HTML: &str = include_str!("../web/fleet.html");
@@ -70,6 +71,22 @@ fn redirect(to: &'static str) -> Response {
             .into_response(),
     )
 }
+
+/// A redirect to `path` (one of this server's) keeping the view `query` names.
+fn redirect_with_view(path: &'static str, query: &ViewQuery) -> Response {
+    let view = match query {
+        Ok(Query(pairs)) => view_query(pairs),
+        Err(_) => String::new(),
+    };
+    // The view is percent-encoded ASCII: always a header value.
+    match HeaderValue::from_str(&with_view(path, &view)) {
+        Ok(to) => secured((StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response()),
+        Err(_) => redirect(path),
+    }
+}
+
+/// A request's query pairs, for the view it carries.
+type ViewQuery = Result<Query<Vec<(String, String)>>, QueryRejection>;
 
 /// Escapes text for HTML element content and attribute values.
 fn escape_html(text: &str) -> String {
@@ -131,18 +148,27 @@ pub(crate) async fn to_page() -> Response {
     redirect("/fleet/")
 }
 
-/// `GET /fleet/`.
-pub(crate) async fn page(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+/// `GET /fleet/`; without a session, the login form, which keeps the view the URL names.
+pub(crate) async fn page(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    query: ViewQuery,
+) -> Response {
     match viewer(&state, &headers) {
         Some(_) => asset("text/html; charset=utf-8", PAGE_HTML),
-        None => redirect("/fleet/login"),
+        None => redirect_with_view("/fleet/login", &query),
     }
 }
 
-/// `GET /fleet/login`.
-pub(crate) async fn login_page(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+/// `GET /fleet/login`. The form posts to the URL it was shown at, so the view in its query
+/// goes with the token.
+pub(crate) async fn login_page(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    query: ViewQuery,
+) -> Response {
     match viewer(&state, &headers) {
-        Some(_) => redirect("/fleet/"),
+        Some(_) => redirect_with_view("/fleet/", &query),
         None => login_form(StatusCode::OK, None),
     }
 }
@@ -175,6 +201,7 @@ pub(crate) async fn login(
     State(state): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
+    query: ViewQuery,
     form: Result<Form<LoginForm>, FormRejection>,
 ) -> Response {
     let tls = came_over_tls(&headers, peer, &state.status.proxies);
@@ -182,7 +209,7 @@ pub(crate) async fn login(
         return refused;
     }
     let Some(verifier) = &state.verifier else {
-        return redirect("/fleet/");
+        return redirect_with_view("/fleet/", &query);
     };
     let Ok(Form(form)) = form else {
         return login_form(
@@ -221,7 +248,7 @@ pub(crate) async fn login(
         "fleet: status page login by {} from {peer}",
         Untrusted(&claims.sub).capped(64)
     );
-    let mut response = redirect("/fleet/");
+    let mut response = redirect_with_view("/fleet/", &query);
     let cookie = session::cookie(&id, session.expires - now, tls);
     if let Ok(value) = HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(header::SET_COOKIE, value);
@@ -263,8 +290,10 @@ pub(crate) async fn status_json(
 /// The 401 of a data route asked without a live session.
 fn no_session() -> Response {
     secured(
-        super::super::api::ApiError::Unauthorized(super::super::auth::AuthError::MissingToken)
-            .into_response(),
+        super::super::api_error::ApiError::Unauthorized(
+            super::super::auth::AuthError::MissingToken,
+        )
+        .into_response(),
     )
 }
 
@@ -277,8 +306,8 @@ pub(crate) async fn summary_json(
     if viewer(&state, &headers).is_none() {
         return no_session();
     }
-    match super::parse_query(query) {
-        Ok(query) => secured(super::summary_answer(&state, &headers, &query)),
+    match super::parse_summary_query(query) {
+        Ok((query, form)) => secured(super::summary_answer(&state, &headers, &query, form)),
         Err(e) => secured(e.into_response()),
     }
 }

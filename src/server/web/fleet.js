@@ -28,6 +28,9 @@ let again = false;
 window.ccfleetRequests = 0;
 // For the browser test: whether a round runs or is scheduled.
 window.ccfleetBusy = () => running || timer !== null;
+// For the page's measurement: when the summary was first drawn (ms after the navigation
+// that loaded the page began: the login's form post, when it led here).
+window.ccfleetSummaryDrawnAt = null;
 
 function el(tag, text, className) {
   const node = document.createElement(tag);
@@ -182,8 +185,9 @@ async function refresh() {
     get("/fleet/instances.json?" + rows),
     wantOverview ? get("/fleet/overview.json") : null,
   ]);
-  drawSummary(all, shown || all);
-  drawGroups(all);
+  const whole = expandSummary(all);
+  drawSummary(whole, shown ? expandSummary(shown) : null);
+  drawGroups(whole);
   drawInstances(listed, v);
   if (overview) {
     drawUser(overview);
@@ -211,7 +215,8 @@ async function cycle() {
   } catch (e) {
     if (e instanceof SessionEnded) {
       showError("The session ended: log in again.");
-      window.location.assign("/fleet/login");
+      // The login leads back to the view the URL names.
+      window.location.assign("/fleet/login" + window.location.search);
       running = false;
       return;
     }
@@ -246,15 +251,41 @@ function members(c) {
   return c.active + c.pending + c.stale;
 }
 
-function drawSummary(all, shown) {
+// The summary as the server answers it (the compact form: zeros and empty lists left out,
+// a state needing attention as [count, hosts], the stale ones with the oldest one's last
+// sign of life) with every count and host list written out, as the page draws it.
+function expandSummary(data) {
+  const count = (listed) => (listed ? listed[0] : 0);
+  const hosts = (listed) => (listed ? listed[1] : "");
+  return {
+    now: data.now,
+    staleAfterSeconds: data.staleAfterSeconds,
+    total: Object.assign({ active: 0, pending: 0, stale: 0, duplicate: 0, failing: 0 },
+      data.total),
+    groups: data.groups.map((g) => ({
+      cluster: g.cluster || "",
+      serviceType: g.type,
+      counts: { active: g.active || 0, stale: count(g.stale), pending: count(g.pending),
+        failing: count(g.failing), duplicate: count(g.duplicate) },
+      hosts: { stale: hosts(g.stale), pending: hosts(g.pending), failing: hosts(g.failing),
+        duplicate: hosts(g.duplicate) },
+      oldestStaleSince: g.stale ? g.stale[2] : null,
+    })),
+  };
+}
+
+// `filteredSummary`: the summary of the members the filters pass, null without filters.
+function drawSummary(all, filteredSummary) {
+  const filtered = filteredSummary !== null;
+  const shown = filtered ? filteredSummary : all;
   const t = shown.total;
-  const filtered = shown !== all;
   document.getElementById("summary").textContent =
     members(t) + " instance(s) in " + shown.groups.length + " group(s)" +
     (filtered ? " match the filters (of " + members(all.total) + ")" : "") + ": " +
     t.active + " active, " + t.pending + " pending, " + t.stale + " stale, " + t.failing +
     " failing, " + t.duplicate + " duplicate. Stale after " + all.staleAfterSeconds +
     " s without a heartbeat. Updated " + new Date(now() * 1000).toLocaleTimeString() + ".";
+  if (window.ccfleetSummaryDrawnAt === null) window.ccfleetSummaryDrawnAt = performance.now();
 }
 
 function drawUser(data) {

@@ -669,6 +669,12 @@ fn likwid_keeps_its_event_sets_and_moves_node_settings_to_the_node() {
         "/apps/likwid/lib/liblikwid.so"
     );
     assert_eq!(plugin["config"]["duration"], "10s");
+    // The node's ceiling names the same library, so the fleet's likwid plugin loads it too.
+    let ceiling = &import.config["fleet-ceiling"];
+    assert_eq!(ceiling["likwid"], true);
+    assert_eq!(ceiling["likwid-library"], "/apps/likwid/lib/liblikwid.so");
+    let parsed: crate::plugin::ceiling::Ceiling = serde_json::from_value(ceiling.clone()).unwrap();
+    parsed.validate().unwrap();
     assert!(plugin["config"].get("liblikwid_path").is_none());
     assert!(plugin["config"].get("accessdaemon_path").is_none());
     assert!(

@@ -78,9 +78,10 @@ pub(crate) trait Writer: Send + 'static {
     fn shown_url(&self) -> String;
     /// Called before each request (the HTTP sink reads a rotated token here).
     fn prepare(&mut self) {}
-    /// Turns the plugins' lines into a request body's lines (before compression).
-    fn encode(&self, lines: Vec<u8>) -> Vec<u8> {
-        lines
+    /// Turns the plugins' lines into a request body's lines (before compression), and says
+    /// how many points it left out because the receiver cannot take them.
+    fn encode(&self, lines: Vec<u8>) -> (Vec<u8>, usize) {
+        (lines, 0)
     }
     /// Posts one body.
     fn post(&self, body: bytes::Bytes) -> impl Future<Output = Outcome> + Send;
@@ -117,16 +118,22 @@ pub(crate) async fn run<W: Writer>(
         let now = Instant::now();
         let due = pending_since.is_some_and(|t| now >= t + batching.flush_delay);
         if pending_points > 0 && (pending_points >= batching.batch_size || due || closed) {
-            let lines = writer.encode(std::mem::take(&mut pending));
+            let (lines, left_out) = writer.encode(std::mem::take(&mut pending));
+            // Points the receiver would refuse count as refused, without costing the rest.
+            SinkCounters::add(&counters.dropped_rejected, left_out);
+            let points = pending_points.saturating_sub(left_out);
+            pending_points = 0;
+            pending_since = None;
+            if points == 0 {
+                continue;
+            }
             let body = if batching.gzip { gzip(&lines) } else { lines };
             let chunk = Chunk {
                 body: body.into(),
-                points: pending_points,
+                points,
                 attempts: 0,
                 failing_since: None,
             };
-            pending_points = 0;
-            pending_since = None;
             // Drop-oldest: the newest points are the ones worth having.
             while outbox_points + chunk.points > batching.retry_buffer {
                 let Some(old) = outbox.pop_front() else { break };

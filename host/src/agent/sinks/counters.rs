@@ -20,7 +20,8 @@ pub struct SinkCounters {
     pub dropped_queue_full: AtomicU64,
     /// Points dropped from a full retry buffer (oldest first).
     pub dropped_retry_buffer: AtomicU64,
-    /// Points the receiver refused (a 4xx other than 429): not retried.
+    /// Points the receiver refused (a 4xx other than 429), or would refuse and were left out
+    /// of the request (the `http` sink's non-numeric values): not retried.
     pub dropped_rejected: AtomicU64,
     /// Points whose write failed with no retry left (NATS or stdout errors, shutdown).
     pub dropped_failed: AtomicU64,

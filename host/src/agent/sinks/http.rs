@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ccfleet::duration::serde_go;
+use ccfleet::lineproto::FieldValue;
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, HeaderValue};
 use serde::Deserialize;
@@ -263,6 +264,10 @@ impl Writer for HttpSink {
         batch::shown_url(&self.url)
     }
 
+    fn encode(&self, lines: Vec<u8>) -> (Vec<u8>, usize) {
+        numeric_only(lines)
+    }
+
     /// Takes a rotated token from `jwt-file`: JWTs expire, and an operator who replaces the
     /// file must not have to restart the agent. One `stat` per request; the file is read
     /// again only when it changed. An unreadable or invalid file keeps the previous token.
@@ -320,9 +325,64 @@ impl Writer for HttpSink {
     }
 }
 
+/// The lines cc-metric-store takes: it keeps float and integer values only, and a point with
+/// a string or boolean value (the `nvidia` collector's `nv_ecc_mode="ON"`, as
+/// cc-metric-collector's) makes it refuse the rest of the request with 400, so one such point
+/// would cost every point behind it. Those points are left out and counted as refused.
+fn numeric_only(lines: Vec<u8>) -> (Vec<u8>, usize) {
+    let numeric = |line: &[u8]| {
+        ccfleet::lineproto::Decoder::new(line).all(|parsed| {
+            parsed.is_ok_and(|p| {
+                p.fields().all(|(_, v)| {
+                    matches!(
+                        v,
+                        FieldValue::Float(_) | FieldValue::Int(_) | FieldValue::Uint(_)
+                    )
+                })
+            })
+        })
+    };
+    let lines_of = || lines.split(|b| *b == b'\n').filter(|l| !l.is_empty());
+    if lines_of().all(numeric) {
+        return (lines, 0);
+    }
+    let mut kept = Vec::with_capacity(lines.len());
+    let mut left_out = 0;
+    for line in lines_of() {
+        if numeric(line) {
+            kept.extend_from_slice(line);
+            kept.push(b'\n');
+        } else {
+            left_out += 1;
+        }
+    }
+    (kept, left_out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn points_cc_metric_store_refuses_are_left_out_and_counted() {
+        let lines = b"nv_temp,type=accelerator,type-id=0 value=41 1\n\
+nv_ecc_mode,type=accelerator,type-id=0 value=\"ON\" 1\n\
+nv_power_usage,type=accelerator,type-id=0 value=70.5 1\n\
+flag,type=node value=true 1\n\
+nv_mem_util,type=accelerator,type-id=0 value=3u 1\n"
+            .to_vec();
+        let (kept, left_out) = numeric_only(lines);
+        assert_eq!(left_out, 2);
+        assert_eq!(
+            String::from_utf8(kept).unwrap(),
+            "nv_temp,type=accelerator,type-id=0 value=41 1\n\
+nv_power_usage,type=accelerator,type-id=0 value=70.5 1\n\
+nv_mem_util,type=accelerator,type-id=0 value=3u 1\n"
+        );
+        // All numeric: the batch is passed on as it is.
+        let plain = b"a value=1 1\nb value=2i 1\n".to_vec();
+        assert_eq!(numeric_only(plain.clone()), (plain, 0));
+    }
 
     #[test]
     fn the_cluster_query_defaults_to_the_fleet_cluster_and_is_not_doubled() {

@@ -362,11 +362,11 @@ impl Writer for InfluxSink {
         batch::shown_url(&self.url)
     }
 
-    fn encode(&self, lines: Vec<u8>) -> Vec<u8> {
+    fn encode(&self, lines: Vec<u8>) -> (Vec<u8>, usize) {
         if self.divisor == 1 {
-            lines
+            (lines, 0)
         } else {
-            with_precision(&lines, self.divisor)
+            (with_precision(&lines, self.divisor), 0)
         }
     }
 
