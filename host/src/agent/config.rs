@@ -80,7 +80,7 @@ pub struct AgentConfig {
     pub fleet_ceiling: Option<crate::plugin::ceiling::Ceiling>,
     /// The site's plugin signing keys (standard base64 Ed25519 public keys): with any, a
     /// plugin the fleet names runs only when its component is signed by one of them
-    /// ([`crate::plugin::signature`]); without, signatures are not checked.
+    /// (`ccfleet plugin sign` embeds the signature); without, signatures are not checked.
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(with = "Vec<String>"))]
     pub plugin_public_keys: crate::plugin::signature::PublicKeys,
