@@ -2,7 +2,7 @@
 //! (`ccfleet plugin sign`), and an agent with `plugin-public-keys` runs a fleet plugin only
 //! when its component carries a valid signature by one of them.
 //!
-//! The signature is embedded as wasmsign2 embeds it ([`format`]): a custom section named
+//! The signature is embedded as wasmsign2 embeds it ([`format`](mod@format)): a custom section named
 //! `signature` first in the binary, over the SHA-256 of everything after it. The signed file
 //! is what the fleet publishes and names by SHA-256; a custom section changes nothing of
 //! what the component does, so `ccfleet plugin run` and `check` load signed components as
