@@ -16,9 +16,9 @@
 //! their user information.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, Weak};
 
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::observe::Observed;
@@ -28,72 +28,6 @@ use crate::plugin::PluginState;
 const MAX_REASON_DETAIL: usize = 300;
 /// Longest plugin name shown (fleet plugin names come from the fleet configuration).
 const MAX_NAME: usize = 100;
-
-/// Proof that a loop runs: the loop's task holds it and drops it when the task ends, by
-/// returning, panicking or being aborted.
-#[derive(Debug)]
-pub(crate) struct LoopToken(#[allow(dead_code)] Arc<()>);
-
-/// The agent's long-running loops, by name.
-#[derive(Debug, Default)]
-pub(crate) struct Loops {
-    loops: Mutex<Vec<(&'static str, Weak<()>)>>,
-}
-
-impl Loops {
-    /// A token for the loop `name`, to be moved into its task.
-    pub(crate) fn track(&self, name: &'static str) -> LoopToken {
-        let token = Arc::new(());
-        self.loops
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((name, Arc::downgrade(&token)));
-        LoopToken(token)
-    }
-
-    /// Every loop with whether it still runs.
-    fn states(&self) -> Vec<(&'static str, bool)> {
-        self.loops
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(name, token)| (*name, token.strong_count() > 0))
-            .collect()
-    }
-}
-
-/// What the fleet named for one plugin and whether it runs, as the rollout last saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Assignment {
-    /// The SHA-256 the fleet names.
-    pub sha256: String,
-    /// Where that version is on its way to running.
-    pub stage: AssignmentStage,
-    /// Why that version does not run (`None` once it runs).
-    pub problem: Option<String>,
-    /// Whether it does not run because it asks for more than the node's ceiling.
-    pub refused: bool,
-}
-
-/// Where a version the fleet names is on its way to running. The fleet hears of each
-/// differently: a version being fetched or started is still starting, and only a download
-/// that failed (and has not since been retried successfully) is `download-failed`; a staged
-/// rollout counts that as a failure of the version, so a healthy version reported failed
-/// while it downloads would pause or roll back its own rollout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AssignmentStage {
-    /// Being downloaded, compiled or started.
-    Pending,
-    /// Runs.
-    Running,
-    /// Its download failed; it is tried again at the next configuration poll.
-    DownloadFailed,
-    /// It was fetched but does not start (compile, link, instantiate or `init` failed).
-    StartFailed,
-}
-
-/// The fleet's plugins by name, kept by the rollout.
-pub(crate) type Assignments = Mutex<BTreeMap<String, Assignment>>;
 
 /// Cuts `s` to at most `max` bytes on a character boundary, marking the cut.
 fn capped(s: &str, max: usize) -> String {
@@ -118,6 +52,19 @@ fn state_name(state: PluginState) -> &'static str {
 pub(crate) struct Report {
     pub status: StatusCode,
     pub body: Value,
+}
+
+impl IntoResponse for Report {
+    fn into_response(self) -> Response {
+        let mut body = self.body.to_string();
+        body.push('\n');
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response()
+    }
 }
 
 impl Report {
@@ -275,6 +222,7 @@ impl Observed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::loops::Loops;
 
     #[test]
     fn a_loop_counts_as_ended_once_its_token_is_gone_even_by_a_panic() {

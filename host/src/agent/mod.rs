@@ -6,6 +6,7 @@ pub mod config;
 mod fleet_entry;
 mod health;
 pub mod import_ccmc;
+mod loops;
 mod observe;
 mod report;
 mod rollout;
@@ -250,7 +251,7 @@ impl Agent {
         let feeds = Arc::new(FeedSenders::new());
         feeds.set_config(config_update(&initial));
         let mut forwarders = Vec::new();
-        let loops = Arc::new(health::Loops::default());
+        let loops = Arc::new(loops::Loops::default());
 
         let (config_state, config_seen) = watch::channel(ConfigState {
             revision: initial.revision.clone(),
@@ -369,7 +370,7 @@ impl Agent {
                 .collect::<Vec<_>>(),
         ));
         let rollouts = Arc::new(rollout::RolloutCounts::default());
-        let assignments = Arc::new(health::Assignments::default());
+        let assignments = Arc::new(loops::Assignments::default());
         let rollout = match fleet_plugin_dir(&config) {
             Some(dir) => {
                 let token = client::Config::from_value(config.fleet.clone())?.resolve_token()?;

@@ -76,9 +76,9 @@ pub(crate) struct Observed {
     pub nats: Option<async_nats::Client>,
     pub config: watch::Receiver<ConfigState>,
     /// The agent's long-running loops, for `/healthz`.
-    pub loops: Arc<super::health::Loops>,
+    pub loops: Arc<super::loops::Loops>,
     /// The plugins the fleet names and whether they run (`None` without a rollout).
-    pub assignments: Option<Arc<super::health::Assignments>>,
+    pub assignments: Option<Arc<super::loops::Assignments>>,
     /// The router's counters (`None` when no router changes points).
     pub router: Option<Arc<super::router::RouterStats>>,
 }
@@ -588,22 +588,12 @@ async fn metrics(State(observed): State<Arc<Observed>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, TEXT_FORMAT)], observed.render())
 }
 
-fn report(report: super::health::Report) -> impl IntoResponse {
-    let mut body = report.body.to_string();
-    body.push('\n');
-    (
-        report.status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body,
-    )
-}
-
 async fn healthz(State(observed): State<Arc<Observed>>) -> impl IntoResponse {
-    report(observed.liveness())
+    observed.liveness()
 }
 
 async fn readyz(State(observed): State<Arc<Observed>>) -> impl IntoResponse {
-    report(observed.readiness())
+    observed.readiness()
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is aborted.

@@ -12,7 +12,7 @@ use ccfleet::wire::{AgentReport, PluginHealth, ReportedPlugin};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::health::{AssignmentStage, Assignments};
+use super::loops::{AssignmentStage, Assignments};
 use super::observe::{ConfigState, ObservedPlugin};
 use crate::plugin::grid::GridTimer;
 use crate::plugin::{PluginState, PluginStatus};
@@ -138,7 +138,7 @@ mod tests {
         let assignments: Assignments = Default::default();
         assignments.lock().unwrap().insert(
             "load".to_owned(),
-            super::super::health::Assignment {
+            super::super::loops::Assignment {
                 sha256: "ab".repeat(32),
                 stage,
                 problem: problem.map(str::to_owned),

@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::fleet_entry::{self, Checked};
-use super::health::{Assignment, AssignmentStage, Assignments};
+use super::loops::{Assignment, AssignmentStage, Assignments};
 use super::observe::ObservedPlugin;
 use crate::plugin::ceiling::{Ceiling, Escalation};
 use crate::plugin::signature::{self, PublicKeys};
@@ -517,7 +517,7 @@ impl Rollout {
         first: Option<String>,
         mut configs: ccfleet::client::Latest<ccfleet::client::Update>,
         mut stop: watch::Receiver<bool>,
-        alive: super::health::LoopToken,
+        alive: super::loops::LoopToken,
     ) -> JoinHandle<()> {
         tokio::spawn(async move {
             let _alive = alive;

@@ -365,7 +365,7 @@ pub(crate) fn start(
     nats: Option<&async_nats::Client>,
     fleet_cluster: &str,
     legacy: bool,
-    alive: super::health::LoopToken,
+    alive: super::loops::LoopToken,
     router: Option<Router>,
     plugin_meta: &std::collections::BTreeSet<String>,
 ) -> Result<Sinks, AgentError> {
