@@ -8,8 +8,6 @@
 
 use wasmtime::component::InstancePre;
 
-use super::state::HostState;
-
 /// The current world, `cc:fleet@0.3.2` (which 0.3.0 and 0.3.1 components resolve to).
 pub(crate) mod v03 {
     wasmtime::component::bindgen!({
@@ -39,13 +37,22 @@ pub(crate) mod v02 {
 
 pub(crate) use v03::cc;
 
-/// A plugin's component, linked and type-checked against the world it targets.
-#[derive(Clone)]
-pub(crate) enum PluginPre {
+/// A plugin's component, linked and type-checked against the world it targets; `T` is the
+/// store's data (the host's state), left open so that the bindings need not know it.
+pub(crate) enum PluginPre<T: 'static> {
     /// Built against `cc:fleet@0.3`.
-    V03(v03::FleetPluginPre<HostState>),
+    V03(v03::FleetPluginPre<T>),
     /// Built against `cc:fleet@0.2.x`.
-    V02(v02::FleetPluginPre<HostState>),
+    V02(v02::FleetPluginPre<T>),
+}
+
+impl<T: 'static> Clone for PluginPre<T> {
+    fn clone(&self) -> Self {
+        match self {
+            PluginPre::V03(pre) => PluginPre::V03(pre.clone()),
+            PluginPre::V02(pre) => PluginPre::V02(pre.clone()),
+        }
+    }
 }
 
 /// The exports of one instantiation, in the world its component targets.
@@ -56,10 +63,10 @@ pub(crate) enum PluginBindings {
     V02(v02::FleetPlugin),
 }
 
-impl PluginPre {
+impl<T: Send + 'static> PluginPre<T> {
     /// Finds the world whose `plugin` interface the component exports: 0.3, else 0.2. When
     /// it exports neither, the error is the one of the current world.
-    pub fn new(pre: InstancePre<HostState>) -> wasmtime::Result<PluginPre> {
+    pub fn new(pre: InstancePre<T>) -> wasmtime::Result<PluginPre<T>> {
         match v03::FleetPluginPre::new(pre.clone()) {
             Ok(current) => Ok(PluginPre::V03(current)),
             Err(error) => match v02::FleetPluginPre::new(pre) {
@@ -72,7 +79,7 @@ impl PluginPre {
     /// Instantiates the component into `store`.
     pub async fn instantiate_async(
         &self,
-        store: &mut wasmtime::Store<HostState>,
+        store: &mut wasmtime::Store<T>,
     ) -> wasmtime::Result<PluginBindings> {
         Ok(match self {
             PluginPre::V03(pre) => PluginBindings::V03(pre.instantiate_async(store).await?),

@@ -17,7 +17,6 @@ use wasmtime::StoreContextMut;
 use wasmtime::component::{ComponentType, Lift, WasmList, WasmStr};
 
 use super::sink::SinkHandle;
-use super::state::HostState;
 #[cfg(test)]
 use crate::plugin::types::{FieldValue, Point};
 
@@ -87,6 +86,16 @@ impl<'a> Value<&'a str> {
             FieldValue::Text(v) => Value::Text(v.as_str()),
         }
     }
+}
+
+/// A store's data that holds an [`Emitter`]: the emit path reads the plugin's memory through
+/// the store and writes with the emitter inside it, without naming the host's whole state
+/// (which names this file's types in turn).
+pub(crate) trait EmitterHost {
+    /// The emitter, to read its limits.
+    fn emitter(&self) -> &Emitter;
+    /// The emitter, to write with.
+    fn emitter_mut(&mut self) -> &mut Emitter;
 }
 
 /// Emit-path state: the limits of one batch and the writer, with its reusable encoder.
@@ -283,12 +292,12 @@ impl Emitter {
     /// message the plugin sees, with the number of lines refused. The lines are read in
     /// place: the plugin cannot run while its host call does, so what was checked is what
     /// is copied.
-    pub fn check_lines(
-        store: &mut StoreContextMut<'_, HostState>,
+    pub fn check_lines<T: EmitterHost>(
+        store: &mut StoreContextMut<'_, T>,
         lines: &WasmList<u8>,
         now_ns: fn() -> i64,
     ) -> Result<(Vec<u8>, usize), (String, usize)> {
-        let limits = store.data().emitter.limits;
+        let limits = store.data().emitter().limits;
         let input = lines.as_le_slice(&*store);
         let mut out = Vec::new();
         match check_batch(input, &limits, &mut || now_ns(), &mut out) {
@@ -334,17 +343,17 @@ impl Emitter {
     /// `Ok(Err(_))` is the message the plugin sees; `Err(_)` is a malformed call (text that
     /// is not UTF-8), which traps. Points without a time get `now_ns()`, read once, and only
     /// when such a point comes (collectors stamp every point themselves).
-    pub fn encode_from(
-        store: &mut StoreContextMut<'_, HostState>,
+    pub fn encode_from<T: EmitterHost>(
+        store: &mut StoreContextMut<'_, T>,
         points: &WasmList<PointView>,
         now_ns: fn() -> i64,
     ) -> wasmtime::Result<Result<Vec<u8>, String>> {
-        if let Err(reason) = store.data().emitter.check_count(points.len()) {
+        if let Err(reason) = store.data().emitter().check_count(points.len()) {
             return Ok(Err(reason));
         }
         // The texts borrow the plugin's memory while the writer, part of the store's
         // data, writes: it steps out of the store meanwhile.
-        let emitter = &mut store.data_mut().emitter;
+        let emitter = store.data_mut().emitter_mut();
         let limits = emitter.limits;
         let mut writer = std::mem::take(&mut emitter.writer);
         let mut views = std::mem::take(&mut emitter.views);
@@ -352,15 +361,15 @@ impl Emitter {
         let outcome = outcome.map(|encoded| encoded.map(|()| writer.finish()));
         writer.encoder.clear();
         views.clear();
-        let emitter = &mut store.data_mut().emitter;
+        let emitter = store.data_mut().emitter_mut();
         emitter.writer = writer;
         emitter.views = views;
         outcome
     }
 }
 
-fn encode_views(
-    store: &mut StoreContextMut<'_, HostState>,
+fn encode_views<T: EmitterHost>(
+    store: &mut StoreContextMut<'_, T>,
     limits: &BatchLimits,
     writer: &mut Writer,
     views: &mut Views,
@@ -383,7 +392,7 @@ fn encode_views(
     let mut least = 0usize;
     for (index, view) in point_views.iter().enumerate() {
         if view.tags.len() > limits.max_tags || view.fields.len() > limits.max_fields {
-            let emitter = &store.data().emitter;
+            let emitter = store.data().emitter();
             return Ok(emitter.check_entries(index, view.tags.len(), view.fields.len()));
         }
         least = least

@@ -96,7 +96,7 @@ struct Inner {
 /// A compiled, type-checked plugin, ready to be instantiated any number of times.
 #[derive(Clone)]
 pub struct LoadedPlugin {
-    pub(crate) pre: PluginPre,
+    pub(crate) pre: PluginPre<HostState>,
     /// The SHA-256 of the component file, hex.
     pub hash: String,
     /// Whether the compiled code came from the on-disk cache.
@@ -285,7 +285,7 @@ impl Runtime {
         let caps = &spec.capabilities;
         // The system's secrets are looked up as the store is made: a host key generated
         // later is refused from the plugin's next start on.
-        let secrets = super::secrets::for_plugin(&self.inner.secrets, caps);
+        let secrets = super::secrets::for_plugin(&self.inner.secrets, &caps.read_files);
         let files = if caps.read_files.is_empty() && !caps.mount_info {
             FileGrants::none()
         } else {

@@ -11,8 +11,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::capabilities::Capabilities;
-
 /// The system's secret files and directories; a `*` matches within one name.
 const SYSTEM_SECRETS: [&str; 7] = [
     "/etc/shadow",
@@ -50,10 +48,9 @@ pub fn names_system_secret(entry: &str) -> bool {
     SYSTEM_SECRETS.iter().any(|secret| holds(secret, &path))
 }
 
-/// The system secrets on this host that `caps` does not lift.
-fn system_secrets(caps: &Capabilities) -> Vec<PathBuf> {
-    let lifted: Vec<Vec<&str>> = caps
-        .read_files
+/// The system secrets on this host that a plugin's `read-files` entries do not lift.
+fn system_secrets(read_files: &[String]) -> Vec<PathBuf> {
+    let lifted: Vec<Vec<&str>> = read_files
         .iter()
         .filter(|e| !e.contains('*'))
         .map(|e| names(e))
@@ -102,11 +99,12 @@ fn expand(secret: &str) -> Vec<PathBuf> {
     found
 }
 
-/// The secrets refused to a plugin with `caps`: the agent's own and the system's it does
-/// not lift.
-pub(crate) fn for_plugin(agent: &Arc<[PathBuf]>, caps: &Capabilities) -> Arc<[PathBuf]> {
+/// The secrets refused to a plugin granted `read_files` (its capabilities' `read-files`):
+/// the agent's own and the system's it does not lift. It takes the entries rather than the
+/// capabilities, which check their directories against these secrets in turn.
+pub(crate) fn for_plugin(agent: &Arc<[PathBuf]>, read_files: &[String]) -> Arc<[PathBuf]> {
     let mut all: Vec<PathBuf> = agent.to_vec();
-    all.extend(system_secrets(caps));
+    all.extend(system_secrets(read_files));
     Arc::from(all)
 }
 
@@ -136,15 +134,11 @@ mod tests {
 
     #[test]
     fn a_literal_grant_lifts_only_its_secret() {
-        let caps = Capabilities {
-            read_files: vec!["/etc/shadow".into(), "/**".into()],
-            ..Capabilities::default()
-        };
-        let secrets = system_secrets(&caps);
+        let secrets = system_secrets(&["/etc/shadow".into(), "/**".into()]);
         assert!(!secrets.contains(&PathBuf::from("/etc/shadow")));
         assert!(secrets.contains(&PathBuf::from("/etc/gshadow")));
         assert!(secrets.contains(&PathBuf::from("/root")));
-        let none = system_secrets(&Capabilities::default());
+        let none = system_secrets(&[]);
         assert!(none.contains(&PathBuf::from("/etc/shadow")));
     }
 

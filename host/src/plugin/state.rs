@@ -23,7 +23,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use super::bindings::cc::fleet::commands::Output as CommandOutput;
 use super::bindings::cc::fleet::likwid as wl;
 use super::commands::{RunError, RunResult, StoreCommands};
-use super::emit::{Emitter, PointView};
+use super::emit::{Emitter, EmitterHost, PointView};
 use super::events::{EventKind, EventSender, PluginEvent};
 use super::files::FileGrants;
 use super::limits::MemoryLimiter;
@@ -66,6 +66,16 @@ pub(crate) struct HostState {
     pub deadline: Instant,
     pub table: ResourceTable,
     pub wasi: Option<WasiCtx>,
+}
+
+impl EmitterHost for HostState {
+    fn emitter(&self) -> &Emitter {
+        &self.emitter
+    }
+
+    fn emitter_mut(&mut self) -> &mut Emitter {
+        &mut self.emitter
+    }
 }
 
 impl HostState {
