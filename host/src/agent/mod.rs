@@ -3,7 +3,7 @@
 //! plugins, whose metrics go to NATS (or stdout).
 
 pub mod config;
-mod fleet_entry;
+pub mod fleet_entry;
 mod health;
 pub mod import_ccmc;
 mod loops;
@@ -13,6 +13,7 @@ mod rollout;
 pub mod router;
 pub mod self_metrics;
 pub mod sinks;
+pub mod widening;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -67,6 +67,12 @@ impl Pattern {
         Ok(Pattern { parts })
     }
 
+    /// Whether the pattern matches `path`, an absolute plain path (`false` for any other),
+    /// as a plugin's read of it is matched.
+    pub fn matches_path(&self, path: &str) -> bool {
+        plain_components(path).is_ok_and(|names| self.matches(&names))
+    }
+
     /// Whether the pattern matches the whole path.
     pub(super) fn matches(&self, path: &[&str]) -> bool {
         match_parts(&self.parts, path, false)
