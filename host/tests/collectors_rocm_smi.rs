@@ -298,8 +298,14 @@ async fn the_host_reads_every_field_where_the_header_puts_it() {
             ("average_socket_power", m.average_socket_power.into()),
             ("energy_accumulator", m.energy_accumulator),
             ("system_clock_counter", m.system_clock_counter),
-            ("average_gfxclk_frequency", m.average_gfxclk_frequency.into()),
-            ("average_socclk_frequency", m.average_socclk_frequency.into()),
+            (
+                "average_gfxclk_frequency",
+                m.average_gfxclk_frequency.into(),
+            ),
+            (
+                "average_socclk_frequency",
+                m.average_socclk_frequency.into(),
+            ),
             ("average_uclk_frequency", m.average_uclk_frequency.into()),
             ("average_vclk0_frequency", m.average_vclk0_frequency.into()),
             ("average_dclk0_frequency", m.average_dclk0_frequency.into()),
@@ -409,7 +415,10 @@ async fn debians_library_reads_this_machine_or_fails_cleanly() {
         let devices = loaded.expect("the library loads").expect("GPUs are listed");
         assert!(!devices.is_empty());
         let points = run.collect(T1).await;
-        assert!(points.iter().any(|p| p.name == "rocm_gfx_util"), "{points:?}");
+        assert!(
+            points.iter().any(|p| p.name == "rocm_gfx_util"),
+            "{points:?}"
+        );
         return;
     }
     // No AMD GPU: rsmi_init fails (no amdgpu driver), and says so, every round.

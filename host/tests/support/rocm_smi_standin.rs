@@ -75,8 +75,10 @@ pub fn build(dir: &Path, variant: Variant, file_name: &str) -> PathBuf {
     std::fs::write(include.join("recorded.h"), recorded_header()).unwrap();
     let library = dir.join(file_name);
     let mut cc = Command::new("cc");
-    cc.args(["-shared", "-fPIC", "-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(&include);
+    cc.args([
+        "-shared", "-fPIC", "-std=c11", "-Wall", "-Wextra", "-Werror", "-I",
+    ])
+    .arg(&include);
     match variant {
         Variant::Recorded => {}
         Variant::Major(major) => {
