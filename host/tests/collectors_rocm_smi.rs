@@ -234,14 +234,14 @@ async fn pci_addresses_and_the_serial_become_tags_as_configured() {
                         "meta_as_tags": ["serial", "group"]});
     let mut run = Run::start(config, Some(lib)).await;
     let mut want = Vec::new();
-    for i in 0..2 {
+    for (i, gpu) in GPUS.iter().enumerate() {
         let type_id = i.to_string();
         want.extend(expected(
             i,
             &[
                 ("type-id", &type_id),
-                ("pci_identifier", GPUS[i].pci_id),
-                ("serial", GPUS[i].serial),
+                ("pci_identifier", gpu.pci_id),
+                ("serial", gpu.serial),
                 ("group", "AMD"),
             ],
             &[],
@@ -422,7 +422,7 @@ async fn debians_library_reads_this_machine_or_fails_cleanly() {
         return;
     }
     // No AMD GPU: rsmi_init fails (no amdgpu driver), and says so, every round.
-    let err = loaded.err().expect("no AMD GPU, no ROCm SMI");
+    let err = loaded.expect_err("no AMD GPU, no ROCm SMI");
     assert!(err.starts_with("rsmi_init failed: "), "{err}");
     for now in [T1, T2] {
         let message = run.collect_fails(now).await;
