@@ -343,6 +343,39 @@ async fn a_node_without_gpus_sends_nothing() {
     assert_eq!(run.collect(T1).await, Vec::new());
 }
 
+/// How often the stand-in at `lib` (loaded already) was asked to initialise.
+fn init_calls(lib: &Path) -> u32 {
+    let name = std::ffi::CString::new(lib.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: the stand-in is loaded already (this takes another reference to it), and
+    // `standin_init_calls` is `unsigned (void)`.
+    unsafe {
+        let handle = libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        assert!(!handle.is_null(), "the stand-in is loaded");
+        let f = libc::dlsym(handle, c"standin_init_calls".as_ptr());
+        assert!(!f.is_null());
+        let f: extern "C" fn() -> u32 = std::mem::transmute(f);
+        f()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_initialisation_is_the_answer_for_a_while() {
+    let (_dir, lib) = standin(Variant::InitFails);
+    let mut run = Run::start(json!({}), Some(lib.clone())).await;
+    for now in [T1, T2, T2 + 1] {
+        let message = run.collect_fails(now).await;
+        assert!(
+            message.contains(
+                "ROCm SMI is not available on this host: rsmi_init failed: \
+                              RSMI_STATUS_INIT_ERROR"
+            ) && message.contains("amdgpu driver"),
+            "{message}"
+        );
+    }
+    // Tried once, not every round: the library's own complaint is not repeated each round.
+    assert_eq!(init_calls(&lib), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unsupported_version_is_named_with_the_supported_ones() {
     let (_dir, lib) = standin(Variant::Major(7));

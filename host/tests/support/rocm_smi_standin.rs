@@ -21,6 +21,8 @@ pub enum Variant {
     Major(u32),
     /// `rsmi_init` succeeds, no GPU is found.
     NoGpus,
+    /// `rsmi_init` fails.
+    InitFails,
 }
 
 /// The generated `recorded.h`.
@@ -86,6 +88,9 @@ pub fn build(dir: &Path, variant: Variant, file_name: &str) -> PathBuf {
         }
         Variant::NoGpus => {
             cc.arg("-DSTANDIN_NO_GPUS");
+        }
+        Variant::InitFails => {
+            cc.arg("-DSTANDIN_INIT_FAILS");
         }
     }
     let output = cc

@@ -185,8 +185,19 @@ unsafe impl Send for RocmSmi {}
 // SAFETY: as above.
 unsafe impl Sync for RocmSmi {}
 
-/// The initialised libraries, by the name they were loaded by.
-static LOADED: Mutex<Option<HashMap<PathBuf, Arc<RocmSmi>>>> = Mutex::new(None);
+/// How long a failed load or initialisation is answered with its error before it is tried
+/// again: ROCm SMI writes its own complaint to the agent's output at every failed
+/// `rsmi_init`, which would otherwise repeat every round on a node without AMD GPUs.
+pub const RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// A library loaded and initialised, or why not and when that was found.
+enum Loaded {
+    Ready(Arc<RocmSmi>),
+    Failed(String, Instant),
+}
+
+/// The libraries tried so far, by the name they were loaded by.
+static LOADED: Mutex<Option<HashMap<PathBuf, Loaded>>> = Mutex::new(None);
 
 /// `mutex`, locked within `timeout`; `None` when another holder kept it that long (a call
 /// that hangs in the library).
@@ -223,16 +234,32 @@ fn pci_address(id: u64) -> PciAddress {
 
 impl RocmSmi {
     /// The library at `path` (a file, or a bare name the loader looks up), loaded, checked
-    /// and initialised once per process; a failed initialisation is tried again next time.
+    /// and initialised once per process; a failure is its answer for [`RETRY_AFTER`], then
+    /// it is tried again (a driver loaded after the agent started is found).
     pub fn get(path: &Path) -> Result<Arc<RocmSmi>, String> {
         let mut loaded = lock_within(&LOADED, CALL_TIMEOUT).ok_or_else(busy)?;
         let loaded = loaded.get_or_insert_with(HashMap::new);
-        if let Some(smi) = loaded.get(path) {
-            return Ok(smi.clone());
+        match loaded.get(path) {
+            Some(Loaded::Ready(smi)) => return Ok(smi.clone()),
+            Some(Loaded::Failed(why, when)) if when.elapsed() < RETRY_AFTER => {
+                return Err(why.clone());
+            }
+            _ => {}
         }
-        let smi = Arc::new(RocmSmi::load(path)?);
-        loaded.insert(path.to_path_buf(), smi.clone());
-        Ok(smi)
+        match RocmSmi::load(path) {
+            Ok(smi) => {
+                let smi = Arc::new(smi);
+                loaded.insert(path.to_path_buf(), Loaded::Ready(smi.clone()));
+                Ok(smi)
+            }
+            Err(why) => {
+                loaded.insert(
+                    path.to_path_buf(),
+                    Loaded::Failed(why.clone(), Instant::now()),
+                );
+                Err(why)
+            }
+        }
     }
 
     fn load(path: &Path) -> Result<RocmSmi, String> {
