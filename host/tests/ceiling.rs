@@ -63,14 +63,22 @@ async fn a_command_the_fleet_defines_never_runs_and_the_refusal_is_reported() {
         sink.text().contains("load_one")
     })
     .await;
-    // Reported with the agent's next configuration poll.
+    // Reported with the agent's next configuration poll, with the grant's key as the
+    // reason and never the fleet's definition.
     wait_for("the refusal in the agent's report", async || {
-        fleet
-            .reports()
-            .iter()
-            .any(|r| r.contains("pwn@") && r.contains(":refused"))
+        fleet.reports().iter().any(|r| {
+            r.contains("pwn@")
+                && r.contains(":refused")
+                && r.contains("pwn:beyond_ceiling/capabilities.run")
+                && r.contains("ipmi:beyond_ceiling/capabilities.run")
+        })
     })
     .await;
+    assert!(
+        fleet.reports().iter().all(|r| !r.contains("/bin/sh")),
+        "{:?}",
+        fleet.reports()
+    );
     let log = agent.log().join("\n");
     assert!(
         log.contains("capabilities.run.pwn is beyond this node's fleet-ceiling"),

@@ -98,13 +98,18 @@ fn grant_lines<'a>(log: &'a str, name: &str) -> Vec<&'a str> {
 
 /// The health the server's status API shows for `plugin` of the (single) agent.
 async fn reported_health(fleet: &Fleet, plugin: &str) -> Option<String> {
+    reported(fleet, plugin, "health").await
+}
+
+/// `key` of what the server's status API shows for `plugin` of the (single) agent.
+async fn reported(fleet: &Fleet, plugin: &str, key: &str) -> Option<String> {
     let instances = fleet.instances().await;
     instances["instances"]
         .as_array()?
         .iter()
         .flat_map(|i| i["plugins"].as_array().cloned().unwrap_or_default())
         .find(|p| p["name"] == plugin)
-        .and_then(|p| p["health"].as_str().map(str::to_owned))
+        .and_then(|p| p[key].as_str().map(str::to_owned))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,10 +164,16 @@ async fn only_components_signed_by_the_sites_key_run() {
         },
     )
     .await;
-    // The server hears of each through the agent's report, as of a ceiling refusal.
-    for name in ["unsigned", "foreign", "tampered"] {
+    // The server hears of each through the agent's report, as of a ceiling refusal, with
+    // the reason the agent counts it by.
+    for (name, why) in [
+        ("unsigned", "unsigned"),
+        ("foreign", "signature_untrusted"),
+        ("tampered", "signature_mismatch"),
+    ] {
         wait_for(&format!("{name} reported refused"), async || {
             reported_health(&fleet, name).await.as_deref() == Some("refused")
+                && reported(&fleet, name, "why").await.as_deref() == Some(why)
         })
         .await;
     }

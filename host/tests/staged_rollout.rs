@@ -521,3 +521,88 @@ fn check_config_refuses_bad_stage_definitions() {
     );
     assert!(report.contains("3 error(s)"), "{report}");
 }
+
+/// A version the nodes refuse fails the rollout with the nodes' reason: the agents report
+/// `refused` with why (here a command the node does not define), and the rollout's view and
+/// `ccfleet rollout status` count the failing members by that reason, so an operator reads
+/// "refused beyond_ceiling/capabilities.run" rather than a bare failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_the_nodes_refuse_is_counted_with_their_reason() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let keys = Keypair::generate();
+    let plugins = root.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let hello = guests::component("hello");
+    std::fs::copy(&hello, plugins.join("hello.wasm")).unwrap();
+    let sha = sha256_hex(&std::fs::read(&hello).unwrap());
+    let tree = root.join("tree");
+    write(&tree, "ccmc/fritz/defaults.json", &json!({"plugins": []}));
+    // Neither pauses nor rolls back: the failing members stay in view.
+    let mut change = collector(&sha);
+    change["plugins"][0]["capabilities"] = json!({"run": ["ipmi-sensors"]});
+    write(
+        &tree,
+        "rollouts/ipmi.json",
+        &tolerant(json!({"type": "ccmc", "cluster": "fritz", "change": change,
+                         "stages": [{"percent": 100}]})),
+    );
+    let config = json!({
+        "addr": "127.0.0.1:0",
+        "jwt-public-key": keys.public_key_base64(),
+        "fleet": {"config-dir": tree, "plugin-dir": plugins, "rollout-interval": "1s"}
+    });
+    let server = ccfleet::server::start(ServerConfig::from_json(&config.to_string()).unwrap())
+        .await
+        .expect("fleet server");
+    let url = server.base_url();
+    let token = keys.sign_token("agent", &["api"], None);
+    let admin = keys.sign_token("operator", &["admin"], None);
+    let mut agents = Vec::new();
+    for host in HOSTS {
+        // The default ceiling: no command is the fleet's to grant.
+        let config = json!({
+            "service-type": "ccmc",
+            "fleet": {"url": url, "token": token, "cluster": "fritz",
+                      "hostname": host, "config-poll-interval": "300ms", "heartbeat-interval": "1s"},
+            "plugin-cache-dir": root.join("compiled"),
+            "fleet-plugin-dir": root.join(host).join("fleet-plugins"),
+            "metrics-addr": "127.0.0.1:0",
+            "metrics": {"type": "stdout"}
+        });
+        let config = AgentConfig::from_json(&config.to_string(), root).unwrap();
+        agents.push(
+            Agent::new(config)
+                .unwrap()
+                .start()
+                .await
+                .expect("agent starts"),
+        );
+    }
+    let expected = json!([{"health": "refused", "why": "beyond_ceiling/capabilities.run",
+                           "members": HOSTS.len()}]);
+    let mut last = Value::Null;
+    let counted = tokio::time::timeout(WAIT, async {
+        loop {
+            last = rollout_status(&server, &admin, "ipmi").await;
+            if last["failing"] == expected {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "the refusals were not counted: {last}");
+    assert_eq!(last["counts"]["failed"], HOSTS.len());
+    let (ok, table, err) = cli(&admin, &["status", "--url", &url]);
+    assert!(ok, "{err}");
+    assert!(
+        table.contains("failing: 3 refused (beyond_ceiling/capabilities.run)"),
+        "{table}"
+    );
+    for agent in agents {
+        agent.shutdown().await.unwrap();
+    }
+    server.shutdown().await.unwrap();
+}

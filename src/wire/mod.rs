@@ -29,8 +29,8 @@ pub use heartbeat::{
 };
 pub use instance_id::{format_instance_id, is_instance_id, parse_instance_id};
 pub use report::{
-    AgentReport, MAX_REPORT_LEN, MAX_REPORTED_PLUGINS, PluginHealth, REPORTED_HASH_LEN,
-    ReportedPlugin, reported_hash,
+    AgentReport, MAX_REASON_LEN, MAX_REPORT_LEN, MAX_REPORTED_PLUGINS, PluginHealth,
+    REPORTED_HASH_LEN, ReportedPlugin, reported_hash, valid_reason,
 };
 pub use roster::{
     MAX_SUBJECT_TOKEN_LEN, ROSTER_SIGNATURE_HEADER, decode_roster, decode_roster_timed,

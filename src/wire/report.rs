@@ -9,6 +9,15 @@
 //! - `applied`: the configuration revision the agent's plugins run with (`0`: none).
 //! - `plugins`: per plugin its name, the first 16 hex digits of the SHA-256 it runs (`-` for a
 //!   plugin configured by path rather than by the fleet) and its [`PluginHealth`].
+//! - `why` (optional, added after `plugins`): per plugin that is not run, a short reason
+//!   from the agent's fixed vocabulary, `name:reason` (`refused` carries the result the
+//!   agent counts in `ccfleet_agent_plugin_rollouts_total`, such as `unsigned` or
+//!   `beyond_ceiling/capabilities.run`). A server that predates the key ignores it, as it
+//!   ignores every key it does not know.
+//!
+//! ```text
+//! X-CCFleet-Report: applied=9; plugins=ipmi@0b1c2d3e4f5a6b7c:refused; why=ipmi:beyond_ceiling/capabilities.run
+//! ```
 //!
 //! Why a header on the poll: every agent polls its configuration already, over REST, so the
 //! report costs no request, no connection and no NATS subject of its own; it is a few
@@ -25,6 +34,8 @@ pub const MAX_REPORT_LEN: usize = 8192;
 pub const MAX_REPORTED_PLUGINS: usize = 128;
 /// Hex digits of a plugin's SHA-256 a report carries: enough to tell versions apart.
 pub const REPORTED_HASH_LEN: usize = 16;
+/// The longest reason (`why`) a report carries for one plugin, in bytes.
+pub const MAX_REASON_LEN: usize = 64;
 
 /// How a plugin fares, as reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -103,6 +114,8 @@ pub struct ReportedPlugin {
     pub sha256: Option<String>,
     /// How it fares.
     pub health: PluginHealth,
+    /// Why it is not run, when the agent says (see [`valid_reason`]).
+    pub why: Option<String>,
 }
 
 /// An agent's report.
@@ -112,6 +125,17 @@ pub struct AgentReport {
     pub applied: i64,
     /// Its plugins.
     pub plugins: Vec<ReportedPlugin>,
+}
+
+/// Whether `reason` can travel as a plugin's `why`: 1 to [`MAX_REASON_LEN`] bytes of
+/// letters, digits, `_`, `-`, `.` and `/`, so it needs no escaping in the header, the logs
+/// or the status page.
+pub fn valid_reason(reason: &str) -> bool {
+    !reason.is_empty()
+        && reason.len() <= MAX_REASON_LEN
+        && reason
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'/'))
 }
 
 fn valid_name(name: &str) -> bool {
@@ -139,6 +163,7 @@ impl AgentReport {
         }
         let mut report = AgentReport::default();
         let mut seen_applied = false;
+        let mut reasons: Vec<(&str, &str)> = Vec::new();
         for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = part
                 .split_once('=')
@@ -159,12 +184,36 @@ impl AgentReport {
                         report.plugins.push(parse_plugin(item)?);
                     }
                 }
+                "why" => {
+                    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+                        let (name, reason) = item
+                            .split_once(':')
+                            .ok_or_else(|| format!("why `{}` is not name:reason", cut(item)))?;
+                        if !valid_reason(reason) {
+                            return Err(format!(
+                                "why of `{}`: `{}` is not a reason",
+                                cut(name),
+                                cut(reason)
+                            ));
+                        }
+                        if reasons.len() == MAX_REPORTED_PLUGINS {
+                            return Err(format!("more than {MAX_REPORTED_PLUGINS} reasons"));
+                        }
+                        reasons.push((name, reason));
+                    }
+                }
                 // Later versions may add keys; an older server ignores them.
                 _ => {}
             }
         }
         if !seen_applied {
             return Err("no `applied` revision".to_owned());
+        }
+        // A reason for a plugin the report does not list says nothing: left out.
+        for (name, reason) in reasons {
+            if let Some(plugin) = report.plugins.iter_mut().find(|p| p.name == name) {
+                plugin.why = Some(reason.to_owned());
+            }
         }
         Ok(report)
     }
@@ -204,20 +253,23 @@ fn parse_plugin(item: &str) -> Result<ReportedPlugin, String> {
         name: name.to_owned(),
         sha256,
         health,
+        why: None,
     })
 }
 
 impl fmt::Display for AgentReport {
-    /// The header value; plugins with a name a report cannot carry are left out.
+    /// The header value; plugins with a name a report cannot carry are left out, and so
+    /// are reasons it cannot carry.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "applied={}; plugins=", self.applied)?;
+        let carried = || {
+            self.plugins
+                .iter()
+                .filter(|p| valid_name(&p.name))
+                .take(MAX_REPORTED_PLUGINS)
+        };
         let mut first = true;
-        for p in self
-            .plugins
-            .iter()
-            .filter(|p| valid_name(&p.name))
-            .take(MAX_REPORTED_PLUGINS)
-        {
+        for p in carried() {
             if !first {
                 f.write_str(",")?;
             }
@@ -227,6 +279,15 @@ impl fmt::Display for AgentReport {
                 .as_deref()
                 .map_or_else(|| "-".to_owned(), reported_hash);
             write!(f, "{}@{hash}:{}", p.name, p.health.as_str())?;
+        }
+        let mut first = true;
+        for p in carried() {
+            let Some(why) = p.why.as_deref().filter(|w| valid_reason(w)) else {
+                continue;
+            };
+            f.write_str(if first { "; why=" } else { "," })?;
+            first = false;
+            write!(f, "{}:{why}", p.name)?;
         }
         Ok(())
     }
@@ -241,6 +302,7 @@ mod tests {
             name: name.to_owned(),
             sha256: sha.map(str::to_owned),
             health,
+            why: None,
         }
     }
 
@@ -295,6 +357,51 @@ mod tests {
     }
 
     #[test]
+    fn a_reason_travels_with_its_plugin_and_old_reports_still_parse() {
+        let mut refused = plugin("ipmi", Some("0b1c2d3e4f5a6b7c"), PluginHealth::Refused);
+        refused.why = Some("beyond_ceiling/capabilities.run".to_owned());
+        let mut odd = plugin("odd", None, PluginHealth::Refused);
+        odd.why = Some("has space".to_owned());
+        let report = AgentReport {
+            applied: 9,
+            plugins: vec![
+                plugin("loadavg", None, PluginHealth::Running),
+                refused.clone(),
+                odd,
+            ],
+        };
+        let text = report.to_string();
+        assert_eq!(
+            text,
+            "applied=9; plugins=loadavg@-:running,ipmi@0b1c2d3e4f5a6b7c:refused,odd@-:refused; \
+             why=ipmi:beyond_ceiling/capabilities.run"
+        );
+        let parsed = AgentReport::parse(&text).unwrap();
+        assert_eq!(parsed.plugin("ipmi"), Some(&refused));
+        assert_eq!(parsed.plugin("odd").unwrap().why, None);
+        // `why` before `plugins`, and a reason for a plugin not listed.
+        let parsed =
+            AgentReport::parse("applied=1; why=a:unsigned,b:x; plugins=a@-:refused").unwrap();
+        assert_eq!(parsed.plugin("a").unwrap().why.as_deref(), Some("unsigned"));
+        assert_eq!(parsed.plugins.len(), 1);
+        for (text, problem) in [
+            ("applied=1; plugins=a@-:refused; why=a", "not name:reason"),
+            ("applied=1; plugins=a@-:refused; why=a:", "not a reason"),
+            ("applied=1; plugins=a@-:refused; why=a:b c", "not a reason"),
+            ("applied=1; plugins=a@-:refused; why=a:<b>", "not a reason"),
+        ] {
+            let e = AgentReport::parse(text).unwrap_err();
+            assert!(e.contains(problem), "{text}: {e}");
+        }
+        let long = format!("applied=1; plugins=a@-:refused; why=a:{}", "x".repeat(65));
+        assert!(
+            AgentReport::parse(&long)
+                .unwrap_err()
+                .contains("not a reason")
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_ignored_for_later_versions() {
         let r = AgentReport::parse("applied=5; future=1; plugins=").unwrap();
         assert_eq!(r.applied, 5);
@@ -304,7 +411,7 @@ mod tests {
     #[test]
     fn arbitrary_text_never_panics() {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let alphabet = b"applied=;plugins@:,-0123456789abcdef runningx\xff";
+        let alphabet = b"applied=;plugins@:,-0123456789abcdef runningxwhy/\xff";
         for _ in 0..20_000 {
             let mut s = Vec::new();
             for _ in 0..(seed % 80) {

@@ -128,6 +128,7 @@ impl Agent {
                         name: "loadavg".to_owned(),
                         sha256: Some(sha),
                         health,
+                        why: None,
                     }],
                 });
             }

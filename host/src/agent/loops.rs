@@ -48,8 +48,10 @@ pub(crate) struct Assignment {
     pub stage: AssignmentStage,
     /// Why that version does not run (`None` once it runs).
     pub problem: Option<String>,
-    /// Whether it does not run because it asks for more than the node's ceiling.
-    pub refused: bool,
+    /// Why this node refuses to run it (the `result` it counts, with the grant beyond the
+    /// ceiling: `beyond_ceiling/capabilities.run`, `unsigned`, ...); `None` when it is not
+    /// refused.
+    pub refusal: Option<String>,
 }
 
 /// Where a version the fleet names is on its way to running. The fleet hears of each

@@ -622,7 +622,10 @@ impl RunningAgent {
             }
         };
         if let Some((_, observer)) = self.observer.take() {
+            // Waited for, so its listener is closed when shutdown returns: an agent started
+            // again at once finds its metrics address free.
             observer.abort();
+            let _ = observer.await;
         }
         closed?;
         match run {

@@ -64,6 +64,7 @@ pub(crate) fn build(
             sha256: assignment.map(|a| a.sha256.clone()),
             health: health(&plugin.status.borrow()),
             name,
+            why: None,
         });
     }
     for (name, assignment) in &assigned {
@@ -71,11 +72,12 @@ pub(crate) fn build(
             report.plugins.push(ReportedPlugin {
                 name: name.clone(),
                 sha256: Some(assignment.sha256.clone()),
-                health: if assignment.refused {
+                health: if assignment.refusal.is_some() {
                     PluginHealth::Refused
                 } else {
                     assigned_health(assignment.stage)
                 },
+                why: assignment.refusal.clone(),
             });
         }
     }
@@ -142,7 +144,7 @@ mod tests {
                 sha256: "ab".repeat(32),
                 stage,
                 problem: problem.map(str::to_owned),
-                refused: false,
+                refusal: None,
             },
         );
         let config = ConfigState::default();
@@ -150,6 +152,36 @@ mod tests {
         assert_eq!(report.plugins.len(), 1, "{report:?}");
         assert_eq!(report.plugins[0].sha256.as_deref(), Some(&*"ab".repeat(32)));
         report.plugins[0].health
+    }
+
+    #[test]
+    fn a_refused_version_is_reported_with_the_nodes_reason() {
+        let assignments: Assignments = Default::default();
+        assignments.lock().unwrap().insert(
+            "ipmi".to_owned(),
+            super::super::loops::Assignment {
+                sha256: "cd".repeat(32),
+                stage: AssignmentStage::StartFailed,
+                problem: Some("refused: capabilities.run.pwn is beyond".to_owned()),
+                refusal: Some("beyond_ceiling/capabilities.run".to_owned()),
+            },
+        );
+        let report = build(
+            &RwLock::new(Vec::new()),
+            Some(&assignments),
+            &ConfigState::default(),
+        );
+        assert_eq!(report.plugins[0].health, PluginHealth::Refused);
+        assert_eq!(
+            report.plugins[0].why.as_deref(),
+            Some("beyond_ceiling/capabilities.run")
+        );
+        assert!(
+            report
+                .to_string()
+                .ends_with("; why=ipmi:beyond_ceiling/capabilities.run"),
+            "{report}"
+        );
     }
 
     #[test]

@@ -453,7 +453,7 @@ impl Rollout {
 
     /// Records where the version of `name` the fleet names is, and why it does not run.
     fn assign(&self, name: &str, sha256: &str, stage: AssignmentStage, problem: Option<String>) {
-        self.record(name, sha256, stage, problem, false);
+        self.record(name, sha256, stage, problem, None);
     }
 
     fn record(
@@ -462,7 +462,7 @@ impl Rollout {
         sha256: &str,
         stage: AssignmentStage,
         problem: Option<String>,
-        refused: bool,
+        refusal: Option<String>,
     ) {
         self.assignments
             .lock()
@@ -473,7 +473,7 @@ impl Rollout {
                     sha256: sha256.to_owned(),
                     stage,
                     problem,
-                    refused,
+                    refusal,
                 },
             );
     }
@@ -495,7 +495,7 @@ impl Rollout {
                 sha256: sha256.to_owned(),
                 stage: AssignmentStage::Pending,
                 problem: Some("being downloaded and started".to_owned()),
-                refused: false,
+                refusal: None,
             },
         );
     }
@@ -626,7 +626,7 @@ impl Rollout {
                 &entry.sha256,
                 AssignmentStage::StartFailed,
                 Some(why),
-                true,
+                Some(entry.escalation.reason()),
             );
             refused.insert(entry.name.clone(), entry);
         }
@@ -695,7 +695,7 @@ impl Rollout {
                     &want.sha256,
                     AssignmentStage::StartFailed,
                     Some(why),
-                    true,
+                    Some(refusal.result().to_owned()),
                 );
                 self.count(&name, refusal.result());
                 failed.insert(name, want);

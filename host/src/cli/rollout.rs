@@ -165,6 +165,27 @@ fn render(r: &Value) -> String {
             out.push_str(&format!("  plugin {} -> {}\n", text(&p[0]), text(&p[1])));
         }
     }
+    let failing: Vec<String> = r["failing"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| {
+            let why = text(&f["why"]);
+            format!(
+                "{} {}{}",
+                f["members"],
+                text(&f["health"]),
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({why})")
+                }
+            )
+        })
+        .collect();
+    if !failing.is_empty() {
+        out.push_str(&format!("  failing: {}\n", failing.join(", ")));
+    }
     if !text(&r["reason"]).is_empty() {
         out.push_str(&format!("  last decision: {}\n", text(&r["reason"])));
     }

@@ -54,6 +54,40 @@ pub struct Escalation {
     pub grant: String,
 }
 
+impl Escalation {
+    /// The reason an agent reports to the server for this refusal
+    /// ([`ccfleet::wire::ReportedPlugin::why`]): `beyond_ceiling/` and the key of the grant
+    /// (`capabilities.run`, `limits.memory-mb`, `collect-interval`, `max-plugins`, ...), never
+    /// what the fleet asked for (a command or file name is the fleet's own text) nor what
+    /// the node allows.
+    pub fn reason(&self) -> String {
+        let key = self.grant.split_whitespace().next().unwrap_or_default();
+        let key = if key.starts_with("plugins[") {
+            "max-plugins"
+        } else if key.starts_with("capabilities.run.") {
+            "capabilities.run"
+        } else {
+            key
+        };
+        let key: String = key
+            .chars()
+            .take(ccfleet::wire::MAX_REASON_LEN - "beyond_ceiling/".len())
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if key.is_empty() {
+            "beyond_ceiling".to_owned()
+        } else {
+            format!("beyond_ceiling/{key}")
+        }
+    }
+}
+
 fn escalation(grant: impl Into<String>) -> Escalation {
     Escalation {
         grant: grant.into(),
@@ -450,6 +484,53 @@ mod tests {
 
     fn caps(json: serde_json::Value) -> Capabilities {
         serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn a_refusal_is_reported_by_the_key_of_its_grant_never_by_the_fleets_text() {
+        let top = Ceiling::default();
+        let reason =
+            |json: serde_json::Value| caps(json).within(&top.capabilities).unwrap_err().reason();
+        assert_eq!(
+            reason(serde_json::json!({"run": {"pwn": {"path": "/bin/sh"}}})),
+            "beyond_ceiling/capabilities.run"
+        );
+        assert_eq!(
+            reason(serde_json::json!({"read-files": ["/etc/shadow"]})),
+            "beyond_ceiling/capabilities.read-files"
+        );
+        assert_eq!(
+            reason(serde_json::json!({"nvml": true})),
+            "beyond_ceiling/capabilities.nvml"
+        );
+        let limits = Limits {
+            memory_mb: top.limits.memory_mb + 1,
+            ..top.limits.clone()
+        };
+        assert_eq!(
+            top.admits_limits(&limits).unwrap_err().reason(),
+            "beyond_ceiling/limits.memory-mb"
+        );
+        assert_eq!(
+            top.admits_interval(Some(Duration::from_millis(1)))
+                .unwrap_err()
+                .reason(),
+            "beyond_ceiling/collect-interval"
+        );
+        for (grant, expected) in [
+            (
+                "plugins[40] (this node runs at most 32 fleet plugins)",
+                "beyond_ceiling/max-plugins",
+            ),
+            ("capabilities.<x y>", "beyond_ceiling/capabilities._x"),
+            ("", "beyond_ceiling"),
+        ] {
+            let reason = escalation(grant).reason();
+            assert_eq!(reason, expected);
+            assert!(ccfleet::wire::valid_reason(&reason), "{reason}");
+        }
+        let long = escalation(format!("capabilities.{}", "k".repeat(200))).reason();
+        assert!(ccfleet::wire::valid_reason(&long), "{long}");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use super::super::app::AppState;
 use super::super::auth;
 use super::super::metrics::Metrics;
 use super::super::status::access::{ADMIN_ROLE, StatusReader};
-use super::{Counts, RolloutState, Status, counts, decide};
+use super::{Counts, RolloutState, Status, counts_and_failing, decide};
 use crate::untrusted::Untrusted;
 
 /// One rollout as the API shows it.
@@ -53,6 +53,9 @@ pub struct RolloutView {
     pub plugins: Vec<(String, String)>,
     /// The current stage's members by how they fare.
     pub counts: Counts,
+    /// The failing members by how they fail (a plugin state and the agent's reason), most
+    /// first.
+    pub failing: Vec<super::gates::Failing>,
 }
 
 /// Every rollout, for the API and the status page.
@@ -66,6 +69,10 @@ pub(crate) fn views(state: &AppState) -> Vec<RolloutView> {
         .iter()
         .map(|d| {
             let progress = rollouts.state(&d.name).filter(|s| s.digest == d.digest);
+            let (counts, failing) = progress
+                .as_ref()
+                .map(|s| counts_and_failing(rollouts, &state.registry, tree, d, s))
+                .unwrap_or_default();
             RolloutView {
                 name: d.name.clone(),
                 service_type: d.service_type.code().to_owned(),
@@ -82,10 +89,8 @@ pub(crate) fn views(state: &AppState) -> Vec<RolloutView> {
                     .map(|s| s.reason.clone())
                     .unwrap_or_default(),
                 plugins: d.plugins.clone(),
-                counts: progress
-                    .as_ref()
-                    .map(|s| counts(rollouts, &state.registry, tree, d, s))
-                    .unwrap_or_default(),
+                counts,
+                failing,
             }
         })
         .collect()

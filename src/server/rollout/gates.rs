@@ -76,6 +76,64 @@ pub fn judge(
     }
 }
 
+/// The plugin a member judged [`Judgement::Failed`] fails with: the first failing plugin
+/// the change names (with the version it names), or for a change by revision the first
+/// failing plugin of the report.
+pub fn failing_plugin<'a>(
+    definition: &Definition,
+    report: &'a AgentReport,
+) -> Option<&'a crate::wire::ReportedPlugin> {
+    if definition.plugins.is_empty() {
+        return report.plugins.iter().find(|p| p.health.is_failure());
+    }
+    definition.plugins.iter().find_map(|(name, sha)| {
+        let want = reported_hash(sha);
+        report
+            .plugin(name)
+            .filter(|p| p.sha256.as_deref() == Some(want.as_str()) && p.health.is_failure())
+    })
+}
+
+/// How many failing members fail one way: a plugin state and the agent's reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Failing {
+    /// The failing plugin's state (`refused`, `download-failed`, ...).
+    pub health: &'static str,
+    /// The agent's reason, when its report gives one (`beyond_ceiling/capabilities.run`).
+    pub why: Option<String>,
+    /// How many members fail this way.
+    pub members: usize,
+}
+
+/// Counts failing members by how they fail, most first (then by state and reason), at
+/// most [`MAX_FAILING_KINDS`] kinds.
+pub fn tally_failing<'a>(
+    failing: impl IntoIterator<Item = &'a crate::wire::ReportedPlugin>,
+) -> Vec<Failing> {
+    let mut by_kind: std::collections::BTreeMap<(&'static str, Option<String>), usize> =
+        std::collections::BTreeMap::new();
+    for p in failing {
+        *by_kind
+            .entry((p.health.as_str(), p.why.clone()))
+            .or_default() += 1;
+    }
+    let mut out: Vec<Failing> = by_kind
+        .into_iter()
+        .map(|((health, why), members)| Failing {
+            health,
+            why,
+            members,
+        })
+        .collect();
+    out.sort_by_key(|f| std::cmp::Reverse(f.members));
+    out.truncate(MAX_FAILING_KINDS);
+    out
+}
+
+/// The most kinds of failure a rollout view lists.
+pub const MAX_FAILING_KINDS: usize = 16;
+
 /// The members of a stage (cumulative) by how they fare.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -295,6 +353,7 @@ mod judge_tests {
                     name: (*n).to_owned(),
                     sha256: s.map(str::to_owned),
                     health: *h,
+                    why: None,
                 })
                 .collect(),
         }
@@ -332,5 +391,52 @@ mod judge_tests {
             let failed = report(1, &[("p", Some(hash), bad)]);
             assert_eq!(judge(&d, Some(&failed), None), Judgement::Failed, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn failing_members_are_counted_by_state_and_reason() {
+        let sha = "ab".repeat(32);
+        let d = definition(json!({"plugins": [{"name": "p", "sha256": sha}]}));
+        let hash = &sha[..16];
+        let refused = |why: Option<&str>| {
+            let mut r = report(
+                1,
+                &[
+                    ("other", None, PluginHealth::Quarantined),
+                    ("p", Some(hash), PluginHealth::Refused),
+                ],
+            );
+            r.plugins[1].why = why.map(str::to_owned);
+            r
+        };
+        let ceiling = refused(Some("beyond_ceiling/capabilities.run"));
+        // The plugin the change names, not another failing one of the member.
+        assert_eq!(failing_plugin(&d, &ceiling).unwrap().name, "p");
+        let unsigned = refused(Some("unsigned"));
+        let bare = refused(None);
+        let download = report(1, &[("p", Some(hash), PluginHealth::DownloadFailed)]);
+        let members = [&ceiling, &ceiling, &unsigned, &bare, &download, &ceiling];
+        let failing = tally_failing(members.iter().filter_map(|r| failing_plugin(&d, r)));
+        let shown: Vec<(&str, Option<&str>, usize)> = failing
+            .iter()
+            .map(|f| (f.health, f.why.as_deref(), f.members))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("refused", Some("beyond_ceiling/capabilities.run"), 3),
+                ("download-failed", None, 1),
+                ("refused", None, 1),
+                ("refused", Some("unsigned"), 1),
+            ]
+        );
+        // A change by revision: the first failing plugin of the report.
+        let by_revision = definition(json!({"interval": "5s"}));
+        assert_eq!(
+            failing_plugin(&by_revision, &ceiling).unwrap().name,
+            "other"
+        );
+        let healthy = report(1, &[("p", Some(hash), PluginHealth::Running)]);
+        assert!(failing_plugin(&d, &healthy).is_none());
     }
 }

@@ -458,6 +458,35 @@ pub fn counts(
     definition: &Definition,
     state: &RolloutState,
 ) -> Counts {
+    tally(rollouts, registry, tree, definition, state, |_| {})
+}
+
+/// [`counts`], and the failing members by how they fail ([`gates::tally_failing`]).
+pub fn counts_and_failing(
+    rollouts: &Rollouts,
+    registry: &Registry,
+    tree: &ConfigTree,
+    definition: &Definition,
+    state: &RolloutState,
+) -> (Counts, Vec<gates::Failing>) {
+    let mut failing = Vec::new();
+    let counts = tally(rollouts, registry, tree, definition, state, |report| {
+        if let Some(plugin) = gates::failing_plugin(definition, report) {
+            failing.push(plugin.clone());
+        }
+    });
+    (counts, gates::tally_failing(&failing))
+}
+
+/// Judges every reached member, handing the report of each failed one to `on_failed`.
+fn tally(
+    rollouts: &Rollouts,
+    registry: &Registry,
+    tree: &ConfigTree,
+    definition: &Definition,
+    state: &RolloutState,
+    mut on_failed: impl FnMut(&AgentReport),
+) -> Counts {
     let mut counts = Counts::default();
     for service in registry.active() {
         if service.state == State::Deregistered
@@ -474,7 +503,13 @@ pub fn counts(
             None
         };
         let report = rollouts.report(&service);
-        counts.add(gates::judge(definition, report.as_deref(), expected));
+        let judgement = gates::judge(definition, report.as_deref(), expected);
+        if judgement == gates::Judgement::Failed
+            && let Some(report) = report.as_deref()
+        {
+            on_failed(report);
+        }
+        counts.add(judgement);
     }
     counts
 }

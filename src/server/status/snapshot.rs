@@ -63,6 +63,10 @@ pub struct ReportedView {
     pub sha256: Option<String>,
     /// How it fares: `running`, `starting`, `restarting`, `quarantined`, ...
     pub health: &'static str,
+    /// Why it is not run, when the agent says (`unsigned`,
+    /// `beyond_ceiling/capabilities.run`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 /// A page of the instances that pass a query.
@@ -143,6 +147,7 @@ fn view(s: &StoredService, facts: &Facts) -> InstanceView {
                     name: p.name.clone(),
                     sha256: p.sha256.clone(),
                     health: p.health.as_str(),
+                    why: p.why.clone(),
                 })
                 .collect()
         }),

@@ -376,10 +376,10 @@ function plugins(i) {
   const span = el("span");
   i.plugins.forEach((p, n) => {
     if (n > 0) span.appendChild(document.createTextNode(", "));
-    const failed = ["restarting", "quarantined", "download-failed", "load-failed"]
+    const failed = ["restarting", "quarantined", "download-failed", "load-failed", "refused"]
       .includes(p.health);
     span.appendChild(el("span", p.name + (p.sha256 ? "@" + p.sha256.slice(0, 8) : "") + " " +
-      p.health, failed ? "failing" : ""));
+      p.health + (p.why ? " (" + p.why + ")" : ""), failed ? "failing" : ""));
   });
   return span;
 }
@@ -521,9 +521,12 @@ function drawStaged(data) {
   }
   const rows = data.staged.map((r) => {
     const c = r.counts;
+    // How the failing members fail, with the agents' reasons (a refusal names the grant).
+    const how = (r.failing || []).map((f) => f.members + " " + f.health +
+      (f.why ? " (" + f.why + ")" : "")).join(", ");
     const tr = row([r.name, r.type + (r.cluster ? " in " + r.cluster : ""), r.status,
-      (r.stage + 1) + " of " + r.stages, c.members, c.reporting, c.running, c.failed, c.unknown,
-      r.reason], "staged");
+      (r.stage + 1) + " of " + r.stages, c.members, c.reporting, c.running,
+      how ? c.failed + ": " + how : c.failed, c.unknown, r.reason], "staged");
     tr.dataset.status = r.status;
     return tr;
   });

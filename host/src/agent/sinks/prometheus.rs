@@ -257,7 +257,10 @@ pub(crate) async fn run(
         SinkCounters::add(&counters.dropped_rejected, skipped);
         counters.delivered();
     }
+    // Aborting only asks the task to stop; waiting for it drops the listener before the sink
+    // counts as ended, so a sink started again at once (a reload) finds its port free.
     server.abort();
+    let _ = server.await;
 }
 
 #[cfg(test)]
