@@ -27,10 +27,12 @@ if [[ $install -eq 1 ]]; then
     # fleet status page is tested in headless Chromium through chromedriver
     # (tests/server_status_browser.rs). The InfluxDB sinks are tested against VictoriaMetrics
     # and InfluxDB 1.x, the LIKWID host interface against Debian's library where it loads.
+    # The ROCm SMI host interface is tested against Debian's library (which fails cleanly on
+    # a machine without AMD GPUs) and a stand-in compiled against its header (-dev).
     # The packages' test (scripts/test-packages.sh) reads the .rpm with rpm.
     need=()
     for pkg in rustc-web rust-web-src lld-22 wasi-libc curl jq systemd chromium chromium-driver \
-        victoria-metrics influxdb likwid rpm; do
+        victoria-metrics influxdb likwid librocm-smi64-1 librocm-smi-dev rpm; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
     done
     if ((${#need[@]})); then

@@ -11,6 +11,8 @@ mod agent_process;
 mod ceiling_fleet;
 #[path = "support/guests.rs"]
 mod guests;
+#[path = "support/rocm_smi_standin.rs"]
+mod rocm_smi_standin;
 
 use std::path::Path;
 
@@ -459,6 +461,81 @@ async fn likwid_runs_only_with_the_nodes_library() {
     );
     wait_for("likwid's points", async || {
         sink.text().contains("flops_any")
+    })
+    .await;
+    assert!(!ran.exists(), "a library constructor ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocm_smi_runs_only_with_the_nodes_library() {
+    let fleet = Fleet::start().await;
+    let root = fleet.dir();
+    let (evil, ran) = build_evil_library(root);
+    let amd = fleet.publish("rocm_smi");
+    let entry = |caps: serde_json::Value| {
+        json!([{"name": "amd", "sha256": amd, "collect-interval": EVERY,
+                "config": {"hostname": "node01"}, "capabilities": caps}])
+    };
+    // Beyond the default ceiling, which grants no native library.
+    fleet.serve(entry(json!({"rocm-smi": true}))).await;
+    let sink = Receiver::start().await;
+    let mut agent = fleet.agent(&sink, json!({}), &[]);
+    let metrics = metrics_addr(&mut agent);
+    wait_for("rocm-smi beyond the default ceiling", async || {
+        rollouts(metrics, "amd", "beyond_ceiling").await >= 1.0
+    })
+    .await;
+    let log = agent.log().join("\n");
+    assert!(log.contains("capabilities.rocm-smi is beyond"), "{log}");
+    drop(agent);
+
+    // The fleet naming a library, even with the node granting ROCm SMI, is refused.
+    fleet
+        .serve(entry(json!({"rocm-smi": true, "rocm-smi-library": evil})))
+        .await;
+    let mut agent = fleet.agent(&sink, json!({"fleet-ceiling": {"rocm-smi": true}}), &[]);
+    let metrics = metrics_addr(&mut agent);
+    wait_for("the fleet's library refused", async || {
+        rollouts(metrics, "amd", "beyond_ceiling").await >= 1.0
+    })
+    .await;
+    let log = agent.log().join("\n");
+    assert!(log.contains("rocm-smi-library"), "{log}");
+    drop(agent);
+
+    // The node's own library in the download directory is refused before it is loaded.
+    let kept = root.join("node").join("fleet-plugins");
+    std::fs::create_dir_all(&kept).unwrap();
+    let planted = kept.join("librocm_smi64.so.1");
+    std::fs::copy(&evil, &planted).unwrap();
+    fleet.serve(entry(json!({"rocm-smi": true}))).await;
+    let mut agent = fleet.agent(
+        &sink,
+        json!({"fleet-ceiling": {"rocm-smi": true, "rocm-smi-library": planted}}),
+        &[],
+    );
+    let metrics = metrics_addr(&mut agent);
+    wait_for("the planted library refused", async || {
+        rollouts(metrics, "amd", "instantiate_failed").await >= 1.0
+    })
+    .await;
+    let log = agent.log().join("\n");
+    assert!(log.contains("lies in the agent's state directory"), "{log}");
+    drop(agent);
+
+    // The node's library elsewhere is the one the fleet's plugin reads the GPUs with.
+    let library = rocm_smi_standin::build(
+        root,
+        rocm_smi_standin::Variant::Recorded,
+        "librocm_smi64.so.1",
+    );
+    let _agent = fleet.agent(
+        &sink,
+        json!({"fleet-ceiling": {"rocm-smi": true, "rocm-smi-library": library}}),
+        &[],
+    );
+    wait_for("rocm_smi's points", async || {
+        sink.text().contains("rocm_gfx_util,")
     })
     .await;
     assert!(!ran.exists(), "a library constructor ran");

@@ -12,7 +12,9 @@
 //! plugin's `capabilities.run` through the agent's `cc:fleet/commands` ([`HostCommands`]),
 //! exported with [`export_command_collector!`]. The GPU collector (`nvidia`) reads NVML
 //! through the agent's `cc:fleet/nvml` ([`HostGpus`]), exported with
-//! [`export_gpu_collector!`]. The performance counter collector (`likwid`) measures through
+//! [`export_gpu_collector!`]; the AMD GPU collector (`rocm_smi`) reads ROCm SMI through the
+//! agent's `cc:fleet/rocm-smi` ([`HostAmdGpus`]), exported with
+//! [`export_amd_gpu_collector!`]. The performance counter collector (`likwid`) measures through
 //! the agent's `cc:fleet/likwid` ([`HostCounters`]), exported with
 //! [`export_counter_collector!`].
 #![no_std]
@@ -26,11 +28,12 @@ use alloc::vec::Vec;
 use ccfleet_collectors::config::{FromOptions, Options, common, extra_tags};
 use ccfleet_collectors::likwid::{self as lw, CounterCollector, Counters};
 use ccfleet_collectors::nvidia::{self as nv, GpuCollector, Gpus};
+use ccfleet_collectors::rocm_smi::{self as amd, AmdGpuCollector, AmdGpus};
 use ccfleet_collectors::{
     Collector, CommandCollector, CommandOutput, Commands, Files, FsStats, Runner, Sample, Value,
 };
 use ccfleet_guest::lineproto::FieldRef;
-use ccfleet_guest::{ConfigUpdate, Level, Lines, likwid, log, nvml};
+use ccfleet_guest::{ConfigUpdate, Level, Lines, likwid, log, nvml, rocm_smi};
 
 pub use ccfleet_guest;
 
@@ -330,6 +333,90 @@ impl<C: GpuCollector + FromOptions> ccfleet_guest::Plugin for GpuCollectorPlugin
 macro_rules! export_gpu_collector {
     ($collector:ty) => {
         type __Exported = $crate::GpuCollectorPlugin<$collector>;
+        $crate::ccfleet_guest::export_plugin!(__Exported);
+    };
+}
+
+/// [`AmdGpus`] through the agent's `cc:fleet/rocm-smi`.
+pub struct HostAmdGpus;
+
+impl AmdGpus for HostAmdGpus {
+    fn devices(&mut self) -> Result<Vec<amd::AmdGpu>, String> {
+        Ok(rocm_smi::devices()?
+            .into_iter()
+            .map(|d| amd::AmdGpu {
+                index: d.index,
+                pci: d.pci.map(|p| amd::PciAddress {
+                    domain: p.domain,
+                    bus: p.bus,
+                    device: p.device,
+                    function: p.function,
+                }),
+                serial: d.serial,
+            })
+            .collect())
+    }
+
+    fn read(&mut self, device: u32) -> Result<amd::GpuMetrics, String> {
+        let m = rocm_smi::read(device)?;
+        Ok(amd::GpuMetrics {
+            temperature_edge: m.temperature_edge,
+            temperature_hotspot: m.temperature_hotspot,
+            temperature_mem: m.temperature_mem,
+            temperature_vrgfx: m.temperature_vrgfx,
+            temperature_vrsoc: m.temperature_vrsoc,
+            temperature_vrmem: m.temperature_vrmem,
+            average_gfx_activity: m.average_gfx_activity,
+            average_umc_activity: m.average_umc_activity,
+            average_mm_activity: m.average_mm_activity,
+            average_socket_power: m.average_socket_power,
+            average_gfxclk_frequency: m.average_gfxclk_frequency,
+            average_socclk_frequency: m.average_socclk_frequency,
+            average_uclk_frequency: m.average_uclk_frequency,
+            average_vclk0_frequency: m.average_vclk0_frequency,
+            average_vclk1_frequency: m.average_vclk1_frequency,
+            average_dclk0_frequency: m.average_dclk0_frequency,
+            average_dclk1_frequency: m.average_dclk1_frequency,
+            temperature_hbm: m.temperature_hbm,
+        })
+    }
+}
+
+/// An AMD GPU collector as a plugin.
+pub struct AmdGpuCollectorPlugin<C> {
+    runner: Runner<C>,
+    /// The round's points as line protocol, kept (empty) for the next round.
+    lines: Lines,
+}
+
+impl<C: AmdGpuCollector + FromOptions> ccfleet_guest::Plugin for AmdGpuCollectorPlugin<C> {
+    fn init(config: &str) -> Result<Self, String> {
+        Ok(AmdGpuCollectorPlugin {
+            runner: runner(config)?,
+            lines: Lines::new(),
+        })
+    }
+
+    fn on_config(&mut self, update: ConfigUpdate) -> Result<(), String> {
+        apply_config(&mut self.runner, update)
+    }
+
+    fn collect(&mut self, now_ns: i64) -> Result<(), String> {
+        let samples =
+            self.runner
+                .collect_amd_gpus(&mut HostAmdGpus, &mut HostFiles, &mut |message| {
+                    log!(Level::Warn, "{message}")
+                })?;
+        emit(&mut self.lines, &samples, now_ns)
+    }
+}
+
+/// Exports an AMD GPU collector type of `ccfleet-collectors` as this component's plugin:
+/// `ccfleet_collector_plugin::export_amd_gpu_collector!(ccfleet_collectors::rocm_smi::RocmSmi);`.
+#[macro_export]
+macro_rules! export_amd_gpu_collector {
+    ($collector:ty) => {
+        type __Exported = $crate::AmdGpuCollectorPlugin<$collector>;
         $crate::ccfleet_guest::export_plugin!(__Exported);
     };
 }

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use crate::{
     Common, beegfs, cpufreq, cpufreq_cpuinfo, cpustat, customcmd, diskstat, gpfs, ibstat, iostat,
     ipmistat, loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, nvidia, rapl,
-    schedstat, slurm_cgroup, smartmon, tempstat, topprocs,
+    rocm_smi, schedstat, slurm_cgroup, smartmon, tempstat, topprocs,
 };
 
 /// A JSON object whose keys are taken one by one; [`Options::finish`] refuses the rest.
@@ -703,6 +703,27 @@ impl FromOptions for nvidia::Nvidia {
     // `meta_as_tags` may name the device's meta: both are read by the collector.
     fn with_common(mut self, common: &Common) -> Self {
         self.set_common(&common.exclude_metrics, &common.meta_as_tags);
+        self
+    }
+}
+
+impl FromOptions for rocm_smi::RocmSmi {
+    const NAME: &'static str = "rocm_smi";
+
+    fn from_options(o: &mut Options) -> Result<Self, String> {
+        Ok(rocm_smi::RocmSmi::new(rocm_smi::Config {
+            exclude_devices: o.strings("exclude_devices")?.unwrap_or_default(),
+            use_pci_info_as_type_id: o.bool("use_pci_info_as_type_id", false)?,
+            add_pci_info_tag: o.bool("add_pci_info_tag", false)?,
+            add_serial_meta: o.bool("add_serial_meta", false)?,
+            meta_as_tags: Vec::new(),
+        }))
+    }
+
+    // `meta_as_tags` may name the GPU's meta (`serial`, `group`, `source`), which the
+    // collector reads; `exclude_metrics` is applied by the runner.
+    fn with_common(mut self, common: &Common) -> Self {
+        self.set_meta_as_tags(&common.meta_as_tags);
         self
     }
 }

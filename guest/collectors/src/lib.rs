@@ -18,7 +18,8 @@
 //! grants the plugin, by grant name, through [`Commands`], and parse what they wrote.
 //!
 //! `nvidia` reads NVIDIA GPUs through [`nvidia::Gpus`], which the agent serves from the NVML
-//! library it loads for the plugin (a native library a plugin cannot call).
+//! library it loads for the plugin (a native library a plugin cannot call); `rocm_smi` reads
+//! AMD GPUs through [`rocm_smi::AmdGpus`], served from the ROCm SMI library likewise.
 #![no_std]
 #![warn(missing_docs)]
 
@@ -54,6 +55,7 @@ pub mod nvidia;
 pub mod rapl;
 #[cfg(test)]
 mod robustness;
+pub mod rocm_smi;
 pub mod schedstat;
 pub mod slurm_cgroup;
 pub mod smartmon;
@@ -351,6 +353,25 @@ impl<C: nvidia::GpuCollector> Runner<C> {
         let name = self.collector.name();
         self.collector
             .collect(gpus, now_ns, &mut samples)
+            .map_err(|e| alloc::format!("{name}: {e}"))?;
+        Ok(self.finish(hostname, samples))
+    }
+}
+
+impl<C: rocm_smi::AmdGpuCollector> Runner<C> {
+    /// One round of an AMD GPU collector: its samples, filtered and tagged; `warn` reports a
+    /// GPU left out of the round.
+    pub fn collect_amd_gpus(
+        &mut self,
+        gpus: &mut dyn rocm_smi::AmdGpus,
+        files: &mut dyn Files,
+        warn: &mut dyn FnMut(&str),
+    ) -> Result<Vec<Sample>, String> {
+        let hostname = self.hostname(files)?.to_owned();
+        let mut samples = Vec::new();
+        let name = self.collector.name();
+        self.collector
+            .collect(gpus, &mut samples, warn)
             .map_err(|e| alloc::format!("{name}: {e}"))?;
         Ok(self.finish(hostname, samples))
     }

@@ -7,8 +7,9 @@
 //! [`Plugin::collect`] with [`emit`] (or build a batch in [`Lines`] without building
 //! [`Point`]s), reading host files with [`read_file`] and [`list_dir`] and running the
 //! commands the agent grants them with [`commands::run`]; GPU collectors read NVIDIA GPUs
-//! through the agent's NVML with [`nvml::devices`] and [`nvml::read`], and performance
-//! counter collectors measure through the agent's LIKWID with [`likwid::measure`].
+//! through the agent's NVML with [`nvml::devices`] and [`nvml::read`] (AMD GPUs through its
+//! ROCm SMI with [`rocm_smi::devices`] and [`rocm_smi::read`]), and performance counter
+//! collectors measure through the agent's LIKWID with [`likwid::measure`].
 //!
 //! Points cross into the agent as one buffer of line protocol per batch, written by the
 //! host crate's own encoder ([`lineproto`], the same source files); the agent checks every
@@ -58,6 +59,7 @@ pub mod lineproto;
 mod lines;
 pub mod nvml;
 mod panic;
+pub mod rocm_smi;
 
 pub use lines::Lines;
 

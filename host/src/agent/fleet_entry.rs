@@ -6,8 +6,8 @@
 //! named, not defined: `"run": ["ipmi-sensors"]` (or `{"ipmi-sensors": {}}`, or the node's
 //! very definition, as older trees write it) runs the command the ceiling defines under
 //! that name. A native library is the node's: with `nvml` (`likwid`) granted, the plugin
-//! loads the ceiling's `nvml-library` (`likwid-library`), else the environment's, else the
-//! system's.
+//! loads the ceiling's `nvml-library` (`likwid-library`, `rocm-smi-library`), else the
+//! environment's, else the system's.
 
 use std::path::Path;
 
@@ -117,6 +117,11 @@ pub fn check(entry: &serde_json::Value, dir: &Path, ceiling: &Ceiling) -> Result
         .likwid_library
         .clone()
         .filter(|_| caps.likwid);
+    caps.rocm_smi_library = ceiling
+        .capabilities
+        .rocm_smi_library
+        .clone()
+        .filter(|_| caps.rocm_smi);
     let spec = PluginSpec {
         name: Some(name.clone()),
         path: dir.join(format!("{sha256}.wasm")),
@@ -214,6 +219,8 @@ mod tests {
         top.capabilities.nvml_library = Some("/opt/nvidia/libnvidia-ml.so.1".into());
         top.capabilities.likwid = true;
         top.capabilities.likwid_library = Some("/apps/likwid/lib/liblikwid.so.5".into());
+        top.capabilities.rocm_smi = true;
+        top.capabilities.rocm_smi_library = Some("/opt/rocm/lib/librocm_smi64.so.5".into());
         top
     }
 
@@ -265,6 +272,32 @@ mod tests {
             "capabilities": {"nvml": true, "nvml-library": "/tmp/evil.so"}}));
         assert!(why.contains("nvml-library"), "{why}");
         assert_eq!(spec.capabilities.likwid_library, None);
+    }
+
+    #[test]
+    fn the_nodes_rocm_smi_library_is_loaded_and_the_fleets_refused() {
+        let spec = admitted(serde_json::json!({"name": "amd", "sha256": SHA,
+            "capabilities": {"rocm-smi": true}}));
+        assert_eq!(
+            spec.capabilities.rocm_smi_library.as_deref(),
+            Some(Path::new("/opt/rocm/lib/librocm_smi64.so.5"))
+        );
+        assert_eq!(spec.capabilities.nvml_library, None);
+        for library in ["/tmp/evil.so", "/opt/rocm/lib/librocm_smi64.so.5"] {
+            let why = refused(serde_json::json!({"name": "amd", "sha256": SHA,
+                "capabilities": {"rocm-smi": true, "rocm-smi-library": library}}));
+            assert!(why.contains("rocm-smi-library"), "{why}");
+        }
+        let mut plain = Ceiling::default();
+        plain.capabilities.rocm_smi_library = Some("/opt/rocm/lib/librocm_smi64.so.5".into());
+        let entry = serde_json::json!({"name": "amd", "sha256": SHA,
+            "capabilities": {"rocm-smi": true}});
+        match check(&entry, Path::new("/d"), &plain).unwrap() {
+            Checked::Refused { escalation, .. } => {
+                assert_eq!(escalation.grant, "capabilities.rocm-smi")
+            }
+            Checked::Admitted { spec, .. } => panic!("admitted: {spec:?}"),
+        }
     }
 
     #[test]
@@ -407,6 +440,8 @@ mod widening {
             (
                 proptest::bool::weighted(0.5),
                 proptest::option::weighted(p, pick(&["/opt/liblikwid.so.5", "/tmp/evil.so"])),
+                proptest::bool::weighted(0.5),
+                proptest::option::weighted(p, pick(&["/opt/librocm_smi64.so.5", "/tmp/evil.so"])),
             ),
         )
             .prop_map(
@@ -420,12 +455,16 @@ mod widening {
                     nvml,
                     lib,
                     as_list,
-                    (likwid, likwid_lib),
+                    (likwid, likwid_lib, rocm_smi, rocm_smi_lib),
                 )| {
                     let mut caps = json!({"wasi": wasi, "read-dirs": dirs, "read-files": files,
-                                      "mount-info": mount, "nvml": nvml, "likwid": likwid});
+                                      "mount-info": mount, "nvml": nvml, "likwid": likwid,
+                                      "rocm-smi": rocm_smi});
                     if let Some(lib) = likwid_lib {
                         caps["likwid-library"] = json!(lib);
+                    }
+                    if let Some(lib) = rocm_smi_lib {
+                        caps["rocm-smi-library"] = json!(lib);
                     }
                     if as_list {
                         caps["run"] = json!(run.keys().collect::<Vec<_>>());
@@ -449,7 +488,11 @@ mod widening {
             caps["run"] = json!({"report": {"path": "/bin/echo", "args": ["node"]}});
             if let Some(o) = caps.as_object_mut() {
                 // A node's library keys are its own: kept only where its flag is set.
-                for (flag, key) in [("nvml", "nvml-library"), ("likwid", "likwid-library")] {
+                for (flag, key) in [
+                    ("nvml", "nvml-library"),
+                    ("likwid", "likwid-library"),
+                    ("rocm-smi", "rocm-smi-library"),
+                ] {
                     if o.get(flag) != Some(&json!(true)) {
                         o.remove(key);
                     }
@@ -516,6 +559,7 @@ mod widening {
                 let node = &top.capabilities;
                 if (caps["nvml"] == json!(true) && node.nvml_library.is_some())
                     || (caps["likwid"] == json!(true) && node.likwid_library.is_some())
+                    || (caps["rocm-smi"] == json!(true) && node.rocm_smi_library.is_some())
                 {
                     libraries += 1;
                 }

@@ -55,6 +55,7 @@ pub fn widening(entry: &serde_json::Value, spec: &PluginSpec, ceiling: &Ceiling)
         ("mount-info", caps.mount_info, top.mount_info),
         ("nvml", caps.nvml, top.nvml),
         ("likwid", caps.likwid, top.likwid),
+        ("rocm-smi", caps.rocm_smi, top.rocm_smi),
     ] {
         if asked && !allowed {
             return Some(format!("{flag} granted beyond the ceiling"));
@@ -78,6 +79,12 @@ pub fn widening(entry: &serde_json::Value, spec: &PluginSpec, ceiling: &Ceiling)
             &caps.likwid_library,
             caps.likwid,
             &top.likwid_library,
+        ),
+        (
+            "rocm-smi-library",
+            &caps.rocm_smi_library,
+            caps.rocm_smi,
+            &top.rocm_smi_library,
         ),
     ] {
         let expected = if flag { node.as_ref() } else { None };

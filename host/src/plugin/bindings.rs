@@ -1,5 +1,5 @@
 //! Host bindings generated from the `cc:fleet` WIT packages: the current one (`wit/` at the
-//! repository root, 0.3.2) and the 0.2 line it still serves (`wit/0.2/`).
+//! repository root, 0.3.3) and the 0.2 line it still serves (`wit/0.2/`).
 //!
 //! A component targets one of the two worlds; [`PluginPre`] finds out which from its exports
 //! and [`PluginBindings`] calls whichever it is. Both worlds share the Rust types of the 0.3
@@ -8,7 +8,7 @@
 
 use wasmtime::component::InstancePre;
 
-/// The current world, `cc:fleet@0.3.2` (which 0.3.0 and 0.3.1 components resolve to).
+/// The current world, `cc:fleet@0.3.3` (which 0.3.0, 0.3.1 and 0.3.2 components resolve to).
 pub(crate) mod v03 {
     wasmtime::component::bindgen!({
         world: "fleet-plugin",

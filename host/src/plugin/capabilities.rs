@@ -88,6 +88,17 @@ pub struct Capabilities {
     /// Needs `likwid`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub likwid_library: Option<PathBuf>,
+    /// AMD GPUs through the ROCm SMI library, which the agent loads for the plugin
+    /// (`cc:fleet/rocm-smi`, for the `rocm_smi` collector): the list of GPUs and their
+    /// metrics tables, nothing else of the library ([`super::native::rocm_smi`]). On a node
+    /// without AMD GPUs the grant's calls fail with `ROCm SMI is not available on this host`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rocm_smi: bool,
+    /// The ROCm SMI library to load instead of `librocm_smi64.so.1` (or `.so.5`) from the
+    /// loader's search path (or the file `CCFLEET_ROCM_SMI_LIBRARY` names), e.g.
+    /// `/opt/rocm/lib/librocm_smi64.so.5`. Needs `rocm-smi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rocm_smi_library: Option<PathBuf>,
 }
 
 /// A grant of a native library the agent loads for a plugin: its flag and the library the
@@ -104,7 +115,7 @@ pub struct NativeLibrary<'a> {
 impl Capabilities {
     /// The native-library grants, each with the library it names: these paths come only
     /// from the node's own configuration and never from a state directory of the agent's.
-    pub fn native_libraries(&self) -> [NativeLibrary<'_>; 2] {
+    pub fn native_libraries(&self) -> [NativeLibrary<'_>; 3] {
         [
             NativeLibrary {
                 key: "nvml-library",
@@ -115,6 +126,11 @@ impl Capabilities {
                 key: "likwid-library",
                 granted: self.likwid,
                 library: self.likwid_library.as_deref(),
+            },
+            NativeLibrary {
+                key: "rocm-smi-library",
+                granted: self.rocm_smi,
+                library: self.rocm_smi_library.as_deref(),
             },
         ]
     }
@@ -151,26 +167,20 @@ impl Capabilities {
             ));
         }
         commands::validate(&self.run)?;
-        if let Some(library) = &self.nvml_library {
-            if !self.nvml {
-                return Err("capabilities.nvml-library needs capabilities.nvml = true".to_owned());
-            }
-            if !library.is_absolute() {
+        for native in self.native_libraries() {
+            let Some(library) = native.library else {
+                continue;
+            };
+            let key = native.key;
+            if !native.granted {
+                let flag = key.trim_end_matches("-library");
                 return Err(format!(
-                    "capabilities.nvml-library {} must be an absolute path",
-                    library.display()
+                    "capabilities.{key} needs capabilities.{flag} = true"
                 ));
             }
-        }
-        if let Some(library) = &self.likwid_library {
-            if !self.likwid {
-                return Err(
-                    "capabilities.likwid-library needs capabilities.likwid = true".to_owned(),
-                );
-            }
             if !library.is_absolute() {
                 return Err(format!(
-                    "capabilities.likwid-library {} must be an absolute path",
+                    "capabilities.{key} {} must be an absolute path",
                     library.display()
                 ));
             }
@@ -306,8 +316,29 @@ mod tests {
             nvml_library: Some("/opt/nvidia/libnvidia-ml.so.1".into()),
             likwid: true,
             likwid_library: Some("/apps/likwid/lib/liblikwid.so.5".into()),
+            rocm_smi: true,
+            rocm_smi_library: Some("/opt/rocm/lib/librocm_smi64.so.5".into()),
         };
         fine.validate().unwrap();
+        let ungranted = Capabilities {
+            rocm_smi_library: Some("/opt/rocm/lib/librocm_smi64.so.5".into()),
+            ..Capabilities::default()
+        };
+        let err = ungranted.validate().unwrap_err();
+        assert_eq!(
+            err,
+            "capabilities.rocm-smi-library needs capabilities.rocm-smi = true"
+        );
+        let relative = Capabilities {
+            rocm_smi: true,
+            rocm_smi_library: Some("librocm_smi64.so.1".into()),
+            ..Capabilities::default()
+        };
+        let err = relative.validate().unwrap_err();
+        assert!(
+            err.contains("rocm-smi-library") && err.contains("absolute"),
+            "{err}"
+        );
         let ungranted = Capabilities {
             likwid_library: Some("/apps/likwid/lib/liblikwid.so.5".into()),
             ..Capabilities::default()

@@ -312,7 +312,7 @@ impl Ceiling {
 
 /// The capability keys [`Capabilities::within`] checks one by one; any other key the fleet
 /// sets is a flag that needs the ceiling's, or is refused.
-const KNOWN_KEYS: [&str; 10] = [
+const KNOWN_KEYS: [&str; 12] = [
     "wasi",
     "read-dirs",
     "read-files",
@@ -323,6 +323,8 @@ const KNOWN_KEYS: [&str; 10] = [
     "nvml-library",
     "likwid",
     "likwid-library",
+    "rocm-smi",
+    "rocm-smi-library",
 ];
 
 impl Capabilities {
@@ -338,6 +340,7 @@ impl Capabilities {
         flag("mount-info", self.mount_info, ceiling.mount_info)?;
         flag("nvml", self.nvml, ceiling.nvml)?;
         flag("likwid", self.likwid, ceiling.likwid)?;
+        flag("rocm-smi", self.rocm_smi, ceiling.rocm_smi)?;
         for native in self.native_libraries() {
             if let Some(library) = native.library {
                 return Err(escalation(format!(
@@ -551,6 +554,10 @@ mod tests {
             (serde_json::json!({"nvml": true}), "capabilities.nvml"),
             (serde_json::json!({"likwid": true}), "capabilities.likwid"),
             (
+                serde_json::json!({"rocm-smi": true}),
+                "capabilities.rocm-smi",
+            ),
+            (
                 serde_json::json!({"files-root": "/srv/x"}),
                 "capabilities.files-root",
             ),
@@ -590,7 +597,11 @@ mod tests {
 
     #[test]
     fn native_libraries_never_come_from_the_fleet() {
-        for (flag, key) in [("nvml", "nvml-library"), ("likwid", "likwid-library")] {
+        for (flag, key) in [
+            ("nvml", "nvml-library"),
+            ("likwid", "likwid-library"),
+            ("rocm-smi", "rocm-smi-library"),
+        ] {
             let top = caps(serde_json::json!({flag: true, key: "/opt/lib.so"}));
             caps(serde_json::json!({flag: true})).within(&top).unwrap();
             // Even the very library the node names is refused when the fleet writes it.

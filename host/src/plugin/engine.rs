@@ -25,6 +25,7 @@ use super::limits::MemoryLimiter;
 use super::logs::LogGate;
 use super::native::likwid::LikwidGrant;
 use super::native::nvml::NvmlGrant;
+use super::native::rocm_smi::RocmSmiGrant;
 use super::sink::SinkHandle;
 use super::spec::PluginSpec;
 use super::state::{self, HostState};
@@ -47,7 +48,8 @@ pub struct RuntimeOptions {
     /// every plugin through `cc:fleet/files`, whatever its `read-files` grant.
     pub secret_files: Vec<PathBuf>,
     /// Directories of the embedding program's state (the fleet's downloads, the compile
-    /// cache): a native library (`nvml-library`, or the one the environment names) found to
+    /// cache): a native library (`nvml-library`, `likwid-library`, `rocm-smi-library`, or the
+    /// one the environment names) found to
     /// lie in one is never loaded, since what lies there may have come from the fleet.
     pub state_dirs: Vec<PathBuf>,
 }
@@ -329,6 +331,11 @@ impl Runtime {
                 caps.likwid_library.as_deref(),
                 super::native::likwid::LIBRARY_ENV,
             ),
+            (
+                caps.rocm_smi,
+                caps.rocm_smi_library.as_deref(),
+                super::native::rocm_smi::LIBRARY_ENV,
+            ),
         ];
         for (_, library, env) in libraries.into_iter().filter(|(granted, ..)| *granted) {
             super::libraries::check(library, env, &self.inner.options.state_dirs).map_err(
@@ -349,6 +356,7 @@ impl Runtime {
             commands: StoreCommands::new(commands),
             nvml: NvmlGrant::new(caps.nvml, caps.nvml_library.as_deref()),
             likwid: LikwidGrant::new(caps.likwid, caps.likwid_library.as_deref()),
+            rocm_smi: RocmSmiGrant::new(caps.rocm_smi, caps.rocm_smi_library.as_deref()),
             deadline: Instant::now() + limits.call_timeout,
             table: wasmtime::component::ResourceTable::new(),
             wasi,

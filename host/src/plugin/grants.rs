@@ -87,6 +87,9 @@ pub fn summary(spec: &PluginSpec) -> String {
     if caps.likwid {
         library(&mut parts, "likwid", caps.likwid_library.as_deref());
     }
+    if caps.rocm_smi {
+        library(&mut parts, "rocm-smi", caps.rocm_smi_library.as_deref());
+    }
     if parts.is_empty() {
         parts.push("no capabilities".to_owned());
     }
@@ -138,6 +141,8 @@ mod tests {
         caps.nvml = true;
         caps.nvml_library = Some(PathBuf::from("/opt/nvidia/libnvidia-ml.so.1"));
         caps.likwid = true;
+        caps.rocm_smi = true;
+        caps.rocm_smi_library = Some(PathBuf::from("/opt/rocm/lib/librocm_smi64.so.5"));
         let text = summary(&spec);
         for shown in [
             "read-files [/proc/loadavg, /sys/class/hwmon/**]",
@@ -145,6 +150,7 @@ mod tests {
             "run [ipmi-sensors]",
             "nvml (library /opt/nvidia/libnvidia-ml.so.1)",
             "likwid (library from the environment",
+            "rocm-smi (library /opt/rocm/lib/librocm_smi64.so.5)",
             "memory-mb=48",
             "call-timeout=",
             "collect-interval 10s",

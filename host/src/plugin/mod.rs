@@ -4,8 +4,9 @@
 //! order, from the bottom up (each layer uses only the ones before it):
 //!
 //! - [`spec`] and [`capabilities`]: how a plugin is declared, what it may reach; [`commands`]
-//!   runs the commands a plugin is granted; [`nvml`] reads NVIDIA GPUs for plugins granted
-//!   NVML;
+//!   runs the commands a plugin is granted; [`native`] loads the native libraries plugins
+//!   are granted ([`nvml`] reads NVIDIA GPUs, [`native::rocm_smi`] AMD GPUs,
+//!   [`native::likwid`] measures performance counters);
 //! - `limits`, [`logs`], `emit`, [`files`], `state`: the data of one plugin's `Store` and
 //!   the `cc:fleet/host` and `cc:fleet/files` imports; [`sink`] is where emitted line
 //!   protocol goes; [`held`] keeps the kernel files a plugin reads every round open;

@@ -31,13 +31,14 @@ use super::logs::{self, LogGate, MAX_LOG_MESSAGE};
 use super::native::likwid::{self, LikwidGrant};
 use super::native::likwid_metrics::{EventSetSpec, MetricSpec, Plan};
 use super::native::nvml::NvmlGrant;
+use super::native::rocm_smi::{self, RocmSmiGrant};
 use super::sink::Batch;
 use crate::plugin::types::Level;
 
 /// The version of the `cc:fleet` WIT package (`wit/fleet.wit`) the host implements.
 /// Components built against 0.3.0 resolve to it: wasmtime matches their `@0.3.0` imports
 /// and exports to these semver-compatible ones, whose functions are a superset.
-pub(crate) const WIT_VERSION: &str = "0.3.2";
+pub(crate) const WIT_VERSION: &str = "0.3.3";
 
 /// The last version of the 0.2 line (`wit/0.2/fleet.wit`), which the host serves too:
 /// wasmtime resolves the `@0.2.0` imports of older components to these semver-compatible
@@ -62,6 +63,7 @@ pub(crate) struct HostState {
     pub commands: StoreCommands,
     pub nvml: NvmlGrant,
     pub likwid: LikwidGrant,
+    pub rocm_smi: RocmSmiGrant,
     /// When the current call must end; checked on every epoch tick.
     pub deadline: Instant,
     pub table: ResourceTable,
@@ -164,7 +166,8 @@ impl HostState {
 
 /// Links the interfaces of both worlds: `cc:fleet/types`, `cc:fleet/host` and
 /// `cc:fleet/files` of 0.2 and 0.3, and what 0.3 adds (`host.emit-lines`,
-/// `cc:fleet/commands`, since 0.3.1 `cc:fleet/nvml`, since 0.3.2 `cc:fleet/likwid`).
+/// `cc:fleet/commands`, since 0.3.1 `cc:fleet/nvml`, since 0.3.2 `cc:fleet/likwid`, since
+/// 0.3.3 `cc:fleet/rocm-smi`).
 pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     for version in [WIT_VERSION_02, WIT_VERSION] {
         add_shared(linker, version)?;
@@ -198,6 +201,25 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
         |store: StoreContextMut<'_, HostState>, (device, mig): (u32, Option<u32>)| {
             Box::new(async move {
                 let result = with_nvml(store, move |nvml| nvml.read(device, mig)).await;
+                Ok((result,))
+            })
+        },
+    )?;
+    let mut smi = linker.instance(&format!("cc:fleet/rocm-smi@{WIT_VERSION}"))?;
+    smi.func_wrap_async(
+        "devices",
+        |store: StoreContextMut<'_, HostState>, (): ()| {
+            Box::new(async move {
+                let result = with_rocm_smi(store, |smi| smi.devices()).await;
+                Ok((result,))
+            })
+        },
+    )?;
+    smi.func_wrap_async(
+        "read",
+        |store: StoreContextMut<'_, HostState>, (device,): (u32,)| {
+            Box::new(async move {
+                let result = with_rocm_smi(store, move |smi| smi.read(device)).await;
                 Ok((result,))
             })
         },
@@ -300,6 +322,31 @@ async fn with_nvml<R: Send + 'static>(
     let result = tokio::task::spawn_blocking(move || grant.nvml().and_then(|nvml| f(&nvml)))
         .await
         .unwrap_or_else(|e| Err(format!("the NVML call failed: {e}")));
+    store.data_mut().deadline += begun.elapsed();
+    result
+}
+
+/// Runs `f` on the plugin's ROCm SMI library (loading it at first use) on a blocking thread,
+/// as [`with_nvml`] does, and gives up after [`rocm_smi::CALL_TIMEOUT`] and a little: a call
+/// stuck in the driver fails instead of holding the plugin (its thread is left to finish).
+async fn with_rocm_smi<R: Send + 'static>(
+    mut store: StoreContextMut<'_, HostState>,
+    f: impl FnOnce(&rocm_smi::RocmSmi) -> Result<R, String> + Send + 'static,
+) -> Result<R, String> {
+    let grant = store.data().rocm_smi.clone();
+    let begun = Instant::now();
+    let call = tokio::task::spawn_blocking(move || grant.rocm_smi().and_then(|smi| f(&smi)));
+    // The library's own waits (for the lock of a call before) end at the timeout; this one
+    // covers a call that never returns.
+    let limit = rocm_smi::CALL_TIMEOUT * 2 + std::time::Duration::from_secs(1);
+    let result = match tokio::time::timeout(limit, call).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(e)) => Err(format!("the ROCm SMI call failed: {e}")),
+        Err(_) => Err(format!(
+            "ROCm SMI did not answer within {} s (a stuck driver?)",
+            limit.as_secs()
+        )),
+    };
     store.data_mut().deadline += begun.elapsed();
     result
 }

@@ -11,7 +11,7 @@ use ccfleet_collectors::config::{FromOptions, Options, common};
 use ccfleet_collectors::{
     beegfs, cpufreq, cpufreq_cpuinfo, cpustat, customcmd, diskstat, gpfs, ibstat, iostat, ipmistat,
     likwid, loadavg, lustrestat, memstat, netstat, nfsiostat, nfsstat, numastats, nvidia, rapl,
-    schedstat, slurm_cgroup, smartmon, tempstat, topprocs,
+    rocm_smi, schedstat, slurm_cgroup, smartmon, tempstat, topprocs,
 };
 use serde_json::{Map, Value, json};
 
@@ -93,6 +93,7 @@ pub fn check(name: &str, config: &str) -> Option<Result<(), String>> {
         "gpfs" => parse::<gpfs::Gpfs>(config),
         "nvidia" => parse::<nvidia::Nvidia>(config),
         "likwid" => likwid_formulas(config),
+        "rocm_smi" => parse::<rocm_smi::RocmSmi>(config),
         "smartmon" => parse::<smartmon::Smartmon>(config),
         "beegfs_meta" => parse::<beegfs::BeegfsMeta>(config),
         "beegfs_storage" => parse::<beegfs::BeegfsStorage>(config),
@@ -468,9 +469,9 @@ pub fn plan(name: &str, config: &Map<String, Value>, run: Map<String, Value>) ->
         ),
         "ipmistat" | "lustrestat" | "gpfs" | "topprocs" | "smartmon" => (Vec::new(), false),
         "beegfs_meta" | "beegfs_storage" => (Vec::new(), true),
-        "nvidia" | "likwid" => (Vec::new(), false),
+        "nvidia" | "likwid" | "rocm_smi" => (Vec::new(), false),
         "self" => return Plan::SelfSection,
-        other => return Plan::Unsupported(unsupported_reason(other)),
+        _ => return Plan::Unsupported("cc-metric-collector has no collector of this name"),
     };
     let mut read = read;
     if !config.contains_key("hostname") {
@@ -489,6 +490,11 @@ pub fn plan(name: &str, config: &Map<String, Value>, run: Map<String, Value>) ->
     if name == "nvidia" {
         // NVML through the agent; the driver's library on the node's loader path.
         capabilities.insert("nvml".to_owned(), Value::Bool(true));
+    }
+    if name == "rocm_smi" {
+        // ROCm SMI through the agent; its library on the node's loader path (or the node's
+        // rocm-smi-library: cc-metric-collector's section names none).
+        capabilities.insert("rocm-smi".to_owned(), Value::Bool(true));
     }
     if name == "likwid" {
         // LIKWID through the agent; its library is a setting of the node's own configuration.
@@ -537,12 +543,4 @@ pub fn likwid_settings(
         config.insert("duration".to_owned(), json!(duration));
     }
     changes
-}
-
-/// Why a collector without a plugin is left out.
-fn unsupported_reason(name: &str) -> &'static str {
-    match name {
-        "rocm_smi" => "AMD's rocm_smi is a native library no sandboxed plugin can load",
-        _ => "cc-metric-collector has no collector of this name",
-    }
 }

@@ -278,13 +278,13 @@ fn a_slurm_cgroup_directory_that_is_no_absolute_path_is_left_out_naming_it() {
 #[test]
 fn unknown_and_unported_collectors_are_left_out_with_their_reason() {
     let import = run(json!({"collectors": {
-        "likwid": {}, "rocm_smi": {}, "made_up": {},
+        "likwid": {}, "made_up": {},
         "loadavg": "not an object"}}));
     // A likwid section without event sets is refused by the plugin's own parser.
     assert!(reason(&import.left_out, "collectors.likwid").contains("eventsets"));
     assert!(reason(&import.left_out, "collectors.made_up").contains("no collector"));
     assert!(reason(&import.left_out, "collectors.loadavg").contains("JSON object"));
-    assert_eq!(import.left_out.len(), 4);
+    assert_eq!(import.left_out.len(), 3);
 }
 
 #[test]
@@ -650,6 +650,33 @@ fn nvidia_gets_the_nvml_grant() {
         plugin(&import, "nvidia")["capabilities"],
         json!({"nvml": true, "read-files": ["/proc/sys/kernel/hostname"]})
     );
+}
+
+#[test]
+fn rocm_smi_gets_the_rocm_smi_grant_within_the_nodes_ceiling() {
+    let section = json!({"exclude_devices": ["1", "00000000:C6:00.0"],
+        "exclude_metrics": ["rocm_mm_util"], "use_pci_info_as_type_id": true,
+        "add_pci_info_tag": false, "add_serial_meta": true});
+    let import = run(json!({"collectors": {"rocm_smi": section}}));
+    assert!(import.left_out.is_empty(), "{:?}", import.left_out);
+    let plugin = plugin(&import, "rocm_smi");
+    assert_eq!(
+        plugin["capabilities"],
+        json!({"rocm-smi": true, "read-files": ["/proc/sys/kernel/hostname"]})
+    );
+    for (key, value) in section.as_object().unwrap() {
+        assert_eq!(&plugin["config"][key], value, "{key}");
+    }
+    // The node's ceiling grants ROCm SMI, so the fleet can roll the collector out too; the
+    // library is the node's (cc-metric-collector's section names none).
+    let ceiling = &import.config["fleet-ceiling"];
+    assert_eq!(ceiling["rocm-smi"], true);
+    assert!(ceiling.get("rocm-smi-library").is_none());
+    let parsed: crate::plugin::ceiling::Ceiling = serde_json::from_value(ceiling.clone()).unwrap();
+    parsed.validate().unwrap();
+    // A key cc-metric-collector's collector does not know is refused, as it refuses it.
+    let bad = run(json!({"collectors": {"rocm_smi": {"exclude_device": ["1"]}}}));
+    assert!(reason(&bad.left_out, "collectors.rocm_smi").contains("exclude_device"));
 }
 
 #[test]

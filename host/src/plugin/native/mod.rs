@@ -10,12 +10,13 @@
 //! - [`LibraryError`]: why a library cannot serve (not installed, a symbol missing, its
 //!   initialisation failed, a call returned an error code).
 //!
-//! [`nvml`] and [`likwid`] each hold their library's function table and readings;
+//! [`nvml`], [`likwid`] and [`rocm_smi`] each hold their library's function table and readings;
 //! [`likwid_metrics`] turns LIKWID's counters into cc-metric-collector's metrics.
 
 pub mod likwid;
 pub mod likwid_metrics;
 pub mod nvml;
+pub mod rocm_smi;
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_void};
