@@ -18,6 +18,7 @@ const SDK_ALLOC: &str = include_str!("../../../../guest/sdk/src/alloc_classes.rs
 const SDK_COMMANDS: &str = include_str!("../../../../guest/sdk/src/commands.rs");
 const SDK_NVML: &str = include_str!("../../../../guest/sdk/src/nvml.rs");
 const SDK_LIKWID: &str = include_str!("../../../../guest/sdk/src/likwid.rs");
+const SDK_ROCM_SMI: &str = include_str!("../../../../guest/sdk/src/rocm_smi.rs");
 const SDK_LINES: &str = include_str!("../../../../guest/sdk/src/lines.rs");
 const SDK_LINEPROTO: &str = include_str!("../../../../guest/sdk/src/lineproto.rs");
 /// The encoder's files, which the SDK compiles from the host crate's sources (`#[path]`);
@@ -161,6 +162,10 @@ fn files(name: &str, links_std: bool) -> Vec<(PathBuf, String)> {
             SDK_LINES.to_owned(),
         ),
         (Path::new("ccfleet-guest/src/nvml.rs"), SDK_NVML.to_owned()),
+        (
+            Path::new("ccfleet-guest/src/rocm_smi.rs"),
+            SDK_ROCM_SMI.to_owned(),
+        ),
         (
             Path::new("ccfleet-guest/src/likwid.rs"),
             SDK_LIKWID.to_owned(),
