@@ -30,6 +30,15 @@
 #   whole wasm memories with their guards), the memory images of components (memfd), thread
 #   stacks and the rest of the anonymous memory (the heap).
 #
+# CONFIG=fritz runs NHR@FAU's `fritz` configuration (host/tests/fixtures/ccmc-fau/fritz) instead
+# of the nine: its collectors.json and router.json given to cc-metric-collector with a stdout
+# sink, and to the agent as `ccfleet agent import-ccmc` converts them, each collector at
+# INTERVAL. Left out: the collectors FRITZ_LEAVE_OUT names (by default those cc-metric-
+# collector cannot run on a machine without a PMU, InfiniBand, Lustre, `nfsstat` and hwmon:
+# likwid ibstat lustrestat nfs4stat tempstat) and the router's `normalize_metrics`, a key of
+# NHR@FAU's own build that cc-metric-collector's sources refuse; `netstat` gets this
+# machine's devices but `lo` in place of fritz's.
+#
 # PAGE_CACHE=cold (the default) drops both programs' binaries and the compiled components
 # from the page cache before the measured start, as after a node's reboot; PAGE_CACHE=warm
 # leaves them as they are (a binary just built or copied is then cached in large folios,
@@ -45,6 +54,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DURATION=${1:-600}
 INTERVAL=${2:-10}
 PAGE_CACHE=${PAGE_CACHE:-cold}
+CONFIG=${CONFIG:-nine}
+FRITZ_LEAVE_OUT=${FRITZ_LEAVE_OUT:-likwid ibstat lustrestat nfs4stat tempstat}
+case "$CONFIG" in
+    nine|fritz) ;;
+    *) echo "CONFIG must be nine or fritz, not $CONFIG" >&2; exit 2 ;;
+esac
 
 CCFLEET=${CCFLEET_BIN:-}
 if [ -z "$CCFLEET" ]; then
@@ -84,6 +99,51 @@ plugin() { # name config read-files...
 }
 
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# The network devices but `lo`, as a JSON list's items.
+DEVICES=$(awk -F: 'NR > 2 { gsub(/ /, "", $1); if ($1 != "lo") printf "%s\"%s\"", (n++ ? ", " : ""), $1 }' /proc/net/dev)
+
+# cc-metric-collector's main file, with its sections in files beside it.
+peer_main() {
+    mkdir -p "$WORK/peer"
+    cat >"$WORK/peer/config.json" <<JSON
+{"sinks-file": "sinks.json", "collectors-file": "collectors.json",
+ "receivers-file": "receivers.json", "router-file": "router.json",
+ "main": {"interval": "${INTERVAL}s", "duration": "1s"}}
+JSON
+    echo '{"stdout": {"type": "stdout", "meta_as_tags": ["unit"]}}' >"$WORK/peer/sinks.json"
+    echo '{}' >"$WORK/peer/receivers.json"
+}
+
+if [ "$CONFIG" = fritz ]; then
+    FRITZ="$ROOT/host/tests/fixtures/ccmc-fau/fritz"
+    peer_main
+    python3 - "$FRITZ" "$WORK/peer" "[$DEVICES]" $FRITZ_LEAVE_OUT <<'PY'
+import json, sys
+fritz, out, devices, leave_out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4:]
+collectors = json.load(open(f"{fritz}/collectors.json"))
+for name in leave_out:
+    collectors.pop(name, None)
+if "netstat" in collectors:
+    collectors["netstat"]["include_devices"] = devices
+router = json.load(open(f"{fritz}/router.json"))
+router.pop("normalize_metrics", None)
+json.dump(collectors, open(f"{out}/collectors.json", "w"), indent=1)
+json.dump(router, open(f"{out}/router.json", "w"), indent=1)
+PY
+    "$CCFLEET" agent import-ccmc "$WORK/peer/config.json" -o "$WORK/imported.json" \
+        --fleet-url "http://127.0.0.1:$PORT" --cluster measure --plugin-dir "$COMPONENTS" \
+        >"$WORK/import.log" || { cat "$WORK/import.log" >&2; exit 1; }
+    sed 's/^/# import-ccmc: /' "$WORK/import.log"
+    # As the nine's configuration: a fleet cache and a compile cache of the run's own.
+    python3 - "$WORK/imported.json" "$WORK/agent.json" "$(hostname)" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config["fleet"]["hostname"] = sys.argv[3]
+config["fleet"]["cache-path"] = "fleet-config.json"
+config["plugin-cache-dir"] = "cache/components"
+json.dump(config, open(sys.argv[2], "w"), indent=1)
+PY
+else
 cat >"$WORK/agent.json" <<JSON
 {
   "service-type": "ccmc",
@@ -104,12 +164,14 @@ cat >"$WORK/agent.json" <<JSON
   ]
 }
 JSON
+fi
+PLUGINS=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["plugins"]))' "$WORK/agent.json")
 # A first start compiles the components into the run's own compile cache (and is stopped
-# once all nine are there): the measured start is a warm one, as on a node after its first.
+# once all of them are there): the measured start is a warm one, as on a node after its first.
 (cd "$WORK" && exec "$CCFLEET" agent --config "$WORK/agent.json" >/dev/null 2>"$WORK/warm-up.log") &
 PID=$!
 for _ in $(seq 1200); do
-    [ "$(find "$WORK/cache/components" -name '*.cwasm' 2>/dev/null | wc -l)" -ge 9 ] && break
+    [ "$(find "$WORK/cache/components" -name '*.cwasm' 2>/dev/null | wc -l)" -ge "$PLUGINS" ] && break
     kill -0 "$PID" 2>/dev/null || { echo "the agent exited; its log:" >&2; cat "$WORK/warm-up.log" >&2; exit 1; }
     sleep 0.5
 done
@@ -117,19 +179,11 @@ kill "$PID"
 wait "$PID" 2>/dev/null || true
 PID=""
 
-if [ -n "$PEER" ]; then
+if [ -n "$PEER" ] && [ "$CONFIG" = nine ]; then
     # cc-metric-collector's configuration for the same work: its netstat measures only the
     # devices it is given, so it gets every device but `lo`, which the agent's netstat
     # measures by default.
-    DEVICES=$(awk -F: 'NR > 2 { gsub(/ /, "", $1); if ($1 != "lo") printf "%s\"%s\"", (n++ ? ", " : ""), $1 }' /proc/net/dev)
-    mkdir "$WORK/peer"
-    cat >"$WORK/peer/config.json" <<JSON
-{"sinks-file": "sinks.json", "collectors-file": "collectors.json",
- "receivers-file": "receivers.json", "router-file": "router.json",
- "main": {"interval": "${INTERVAL}s", "duration": "1s"}}
-JSON
-    echo '{"stdout": {"type": "stdout", "meta_as_tags": ["unit"]}}' >"$WORK/peer/sinks.json"
-    echo '{}' >"$WORK/peer/receivers.json"
+    peer_main
     echo '{}' >"$WORK/peer/router.json"
     cat >"$WORK/peer/collectors.json" <<JSON
 {"cpustat": {}, "memstat": {"numa_stats": true}, "loadavg": {},

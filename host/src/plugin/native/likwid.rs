@@ -825,6 +825,15 @@ pub async fn topology(library: &Path) -> Result<Vec<HwThreadInfo>, String> {
     LikwidGrant::new(true, Some(library)).topology().await
 }
 
+/// Measures one round of `plan` with LIKWID at `library`, on its thread, as a granted
+/// plugin's `measure` call does (for benches of the host's share of a round; the library's
+/// thread and state are the ones a plugin granted the same file would use).
+pub async fn measure(library: &Path, plan: Plan, settings: Settings) -> Result<Round, String> {
+    LikwidGrant::new(true, Some(library))
+        .measure(plan, settings)
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
