@@ -371,6 +371,14 @@ async fn a_healthy_version_that_downloads_slowly_never_trips_a_gate() {
     server.shutdown().await.unwrap();
 }
 
+/// Publishes the `hello` component in the server's plugin directory `plugins`; its SHA-256.
+fn publish_hello(plugins: &Path) -> String {
+    std::fs::create_dir_all(plugins).unwrap();
+    let hello = guests::component("hello");
+    std::fs::copy(&hello, plugins.join("hello.wasm")).unwrap();
+    sha256_hex(&std::fs::read(&hello).unwrap())
+}
+
 /// Runs `ccfleet rollout ARGS` with `token` in the environment.
 fn cli(token: &str, args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ccfleet"))
@@ -394,10 +402,7 @@ async fn operators_read_and_steer_a_rollout_from_the_command_line() {
     let root = dir.path();
     let keys = Keypair::generate();
     let plugins = root.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let hello = guests::component("hello");
-    std::fs::copy(&hello, plugins.join("hello.wasm")).unwrap();
-    let sha = sha256_hex(&std::fs::read(&hello).unwrap());
+    let sha = publish_hello(&plugins);
     let tree = root.join("tree");
     write(
         &tree,
@@ -473,10 +478,7 @@ fn check_config_refuses_bad_stage_definitions() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let plugins = root.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let hello = guests::component("hello");
-    std::fs::copy(&hello, plugins.join("hello.wasm")).unwrap();
-    let sha = sha256_hex(&std::fs::read(&hello).unwrap());
+    let sha = publish_hello(&plugins);
     let tree = root.join("tree");
     write(&tree, "rollouts/good.json", &rollout_file("good", &sha));
     let mut too_much = rollout_file("too-much", &sha);
@@ -533,10 +535,7 @@ async fn a_version_the_nodes_refuse_is_counted_with_their_reason() {
     let root = dir.path();
     let keys = Keypair::generate();
     let plugins = root.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let hello = guests::component("hello");
-    std::fs::copy(&hello, plugins.join("hello.wasm")).unwrap();
-    let sha = sha256_hex(&std::fs::read(&hello).unwrap());
+    let sha = publish_hello(&plugins);
     let tree = root.join("tree");
     write(&tree, "ccmc/fritz/defaults.json", &json!({"plugins": []}));
     // Neither pauses nor rolls back: the failing members stay in view.
