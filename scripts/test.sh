@@ -115,5 +115,5 @@ as_root scripts/test-packages.sh --binary "${CARGO_TARGET_DIR:-$root/target}/deb
     --plugins "$root/guest/target/components"
 say "packages: $((SECONDS - package_start)) s"
 
-say "fuzzing the codec (cargo-fuzz, 60 s per target, two at a time)"
+say "fuzzing (cargo-fuzz, 60 s per target, two at a time)"
 scripts/fuzz.sh 60
