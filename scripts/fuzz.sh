@@ -13,7 +13,7 @@ seconds=${1:-60}
 shift || true
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-    targets=(decoder heartbeats roster round_trip unescape emit_check collectors hostlist wasm_signature fleet_ceiling)
+    targets=(decoder heartbeats roster round_trip unescape emit_check collectors hostlist wasm_signature fleet_ceiling likwid_formulas)
 fi
 
 if ! command -v cargo-fuzz >/dev/null; then

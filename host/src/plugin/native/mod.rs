@@ -14,6 +14,7 @@
 //! [`likwid_metrics`] turns LIKWID's counters into cc-metric-collector's metrics.
 
 pub mod likwid;
+pub mod likwid_fuzz;
 pub mod likwid_metrics;
 pub mod nvml;
 pub mod rocm_smi;
