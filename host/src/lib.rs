@@ -44,6 +44,8 @@
 pub struct BookDoctests;
 
 pub mod agent;
+#[cfg(test)]
+mod fuzz_inputs;
 pub mod plugin;
 
 pub use plugin::{

@@ -210,20 +210,12 @@ mod tests {
     /// seeds meant to be admitted are (so the check says something about them).
     #[test]
     fn the_fuzz_seeds_and_past_failures_hold() {
-        let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-        let mut replayed = 0;
-        for dir in ["seeds", "regressions"] {
-            let Ok(entries) = std::fs::read_dir(fuzz.join(dir).join("fleet_ceiling")) else {
-                continue;
-            };
-            for entry in entries {
-                let path = entry.unwrap().path();
-                let data = std::fs::read(&path).unwrap();
-                assert_eq!(check_fuzz_input(&data), None, "{}", path.display());
-                replayed += 1;
-            }
+        let inputs = crate::fuzz_inputs::inputs("fleet_ceiling");
+        for (path, data) in &inputs {
+            assert_eq!(check_fuzz_input(data), None, "{}", path.display());
         }
-        assert!(replayed >= 4, "{replayed} inputs");
+        assert!(inputs.len() >= 4, "{} inputs", inputs.len());
+        let fuzz = crate::fuzz_inputs::fuzz_dir();
         for admitted in ["within-default", "site-ceiling"] {
             let text =
                 std::fs::read_to_string(fuzz.join("seeds/fleet_ceiling").join(admitted)).unwrap();

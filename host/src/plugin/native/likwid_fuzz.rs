@@ -99,32 +99,18 @@ fn read(data: &[u8]) -> Input {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use super::*;
 
     /// The fuzz target's seeds and past failures hold, and the seeds are accepted plans that
     /// give values (so the check says something about them).
     #[test]
     fn the_fuzz_seeds_and_past_failures_hold() {
-        let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-        let mut replayed = 0;
-        for dir in ["seeds", "regressions"] {
-            let Ok(entries) = std::fs::read_dir(fuzz.join(dir).join("likwid_formulas")) else {
-                continue;
-            };
-            for entry in entries {
-                let path = entry.unwrap().path();
-                assert_eq!(
-                    check_fuzz_input(&std::fs::read(&path).unwrap()),
-                    None,
-                    "{}",
-                    path.display()
-                );
-                replayed += 1;
-            }
+        let inputs = crate::fuzz_inputs::inputs("likwid_formulas");
+        for (path, data) in &inputs {
+            assert_eq!(check_fuzz_input(data), None, "{}", path.display());
         }
-        assert!(replayed >= 2, "{replayed} inputs");
+        assert!(inputs.len() >= 2, "{} inputs", inputs.len());
+        let fuzz = crate::fuzz_inputs::fuzz_dir();
         for seed in ["fritz-flops", "invalid-values"] {
             let data = std::fs::read(fuzz.join("seeds/likwid_formulas").join(seed)).unwrap();
             let values = evaluate(&read(&data)).unwrap_or_else(|| panic!("{seed} is refused"));
